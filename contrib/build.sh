@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+#
+# Build UCX with the usnic transport, from a bare Debian 12 machine to an
+# installed UCX in build/<leg>/install (build/install for the default leg).
+#
+#   contrib/build.sh                      Debian's UCX 1.13.1 + libfabric 1.17
+#   UCX_SRC=<dir|tarball> contrib/build.sh
+#   UCX_SRC=... LIBFABRIC_SRC=<dir|tarball> contrib/build.sh
+#
+# Incremental: module files are mirrored into the UCX tree with their times
+# kept, autogen/configure run again only when their inputs change, and make
+# rebuilds only what changed.
+#
+set -euo pipefail
+
+. "$(dirname "$0")/common.sh"
+
+jobs=${JOBS:-$(nproc)}
+logs=${usnic_leg_dir}/logs
+ucx_configure_args=(--enable-gtest --without-cuda --without-rocm
+                    --without-java --without-go --disable-doxygen-doc)
+
+run_logged() {
+    local name=$1
+    shift
+    if ! "$@" >"${logs}/${name}.log" 2>&1; then
+        tail -n 40 "${logs}/${name}.log" >&2
+        usnic_die "${name} failed; full log: ${logs}/${name}.log"
+    fi
+}
+
+install_build_deps() {
+    local pkgs=(build-essential autoconf automake libtool pkg-config
+                dpkg-dev rsync libfabric-dev libfabric-bin libhwloc-dev
+                libnuma-dev iproute2)
+    if [ -n "${LIBFABRIC_SRC:-}" ]; then
+        pkgs+=(libibverbs-dev libnl-3-dev libnl-route-3-dev)
+    fi
+    usnic_apt_install "${pkgs[@]}"
+}
+
+# Unpack a tarball once into build/<leg>/src and print the tree's path
+unpack_source() {
+    local archive=$1 dest=${usnic_leg_dir}/src
+    local name
+    name=$(usnic_src_name "${archive}")
+    if [ ! -d "${dest}/${name}" ]; then
+        usnic_log "unpacking ${archive}"
+        mkdir -p "${dest}/${name}.tmp"
+        tar -xf "${archive}" -C "${dest}/${name}.tmp" --strip-components=1
+        mv "${dest}/${name}.tmp" "${dest}/${name}"
+    fi
+    echo "${dest}/${name}"
+}
+
+# Debian's UCX source package, fetched once
+fetch_debian_ucx() {
+    local dest=${usnic_leg_dir}/src list=/etc/apt/sources.list.d/uct-usnic-src.sources
+    local tree
+    tree=$(ls -d "${dest}"/ucx-*/ 2>/dev/null | head -n 1)
+    if [ -n "${tree}" ]; then
+        echo "${tree%/}"
+        return
+    fi
+
+    if ! grep -rqs '^Types:.*deb-src\|^deb-src' /etc/apt/sources.list \
+            /etc/apt/sources.list.d/; then
+        usnic_log "adding a deb-src entry for Debian's source packages"
+        cat >"${list}" <<EOF
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+        apt-get update -q >/dev/null
+    fi
+
+    usnic_log "fetching Debian's ucx source package"
+    mkdir -p "${dest}"
+    (cd "${dest}" && apt-get source -q ucx >"${logs}/apt-source.log" 2>&1) ||
+        usnic_die "apt-get source ucx failed; see ${logs}/apt-source.log"
+    tree=$(ls -d "${dest}"/ucx-*/ | head -n 1)
+    echo "${tree%/}"
+}
+
+ucx_source_tree() {
+    if [ -z "${UCX_SRC:-}" ]; then
+        fetch_debian_ucx
+    elif [ -d "${UCX_SRC}" ]; then
+        (cd "${UCX_SRC}" && pwd)
+    elif [ -f "${UCX_SRC}" ]; then
+        unpack_source "$(cd "$(dirname "${UCX_SRC}")" && pwd)/$(basename "${UCX_SRC}")"
+    else
+        usnic_die "UCX_SRC=${UCX_SRC}: no such directory or tarball"
+    fi
+}
+
+# Build libfabric with only the providers the module uses
+build_libfabric() {
+    local tree stamp=${usnic_fabric_prefix}/.usnic-built providers
+    if [ -d "${LIBFABRIC_SRC}" ]; then
+        tree=$(cd "${LIBFABRIC_SRC}" && pwd)
+    elif [ -f "${LIBFABRIC_SRC}" ]; then
+        tree=$(unpack_source "$(cd "$(dirname "${LIBFABRIC_SRC}")" && pwd)/$(basename "${LIBFABRIC_SRC}")")
+    else
+        usnic_die "LIBFABRIC_SRC=${LIBFABRIC_SRC}: no such directory or tarball"
+    fi
+
+    [ -f "${stamp}" ] && return 0
+
+    usnic_log "building libfabric from ${tree}"
+    [ -x "${tree}/configure" ] || run_logged libfabric-autogen \
+        sh -c "cd '${tree}' && ./autogen.sh"
+    providers=(--enable-only --enable-udp --enable-rxd --enable-usnic)
+    mkdir -p "${usnic_leg_dir}/libfabric-obj"
+    run_logged libfabric-configure sh -c \
+        "cd '${usnic_leg_dir}/libfabric-obj' && '${tree}/configure' \
+         --prefix='${usnic_fabric_prefix}' ${providers[*]}"
+    run_logged libfabric-make make -C "${usnic_leg_dir}/libfabric-obj" \
+        -j"${jobs}" install
+    touch "${stamp}"
+}
+
+# Mirror the module and its tests into the UCX tree. Files are copied, not
+# the directory linked: automake's relative top_srcdir would resolve through
+# a directory link into the wrong tree.
+sync_module() {
+    local ucx=$1
+    mkdir -p "${ucx}/src/uct/usnic" "${ucx}/test/gtest/uct/usnic"
+    rsync -a --delete "${usnic_top}/src/uct/usnic/" "${ucx}/src/uct/usnic/"
+    rsync -a --delete "${usnic_top}/test/gtest/uct/usnic/" \
+        "${ucx}/test/gtest/uct/usnic/"
+}
+
+# The few edits that make UCX build and test the module; each is applied
+# once, anchored on lines that exist in UCX 1.13 and 1.22 alike
+integrate_module() {
+    local ucx=$1
+
+    grep -q 'src/uct/usnic/configure.m4' "${ucx}/src/uct/configure.m4" ||
+        sed -i 's|^m4_include(\[src/uct/ugni/configure.m4\])$|&\nm4_include([src/uct/usnic/configure.m4])|' \
+            "${ucx}/src/uct/configure.m4"
+    grep -q '^SUBDIRS = .* usnic' "${ucx}/src/uct/Makefile.am" ||
+        sed -i 's|^SUBDIRS = \..*$|& usnic|' "${ucx}/src/uct/Makefile.am"
+    grep -q '^    usnic, ' "${ucx}/test/gtest/uct/uct_test.h" ||
+        sed -i 's|^    tcp,                     \\$|&\n    usnic,                   \\|' \
+            "${ucx}/test/gtest/uct/uct_test.h"
+    grep -q '^                   usnic, \\' "${ucx}/test/gtest/uct/test_md.cc" ||
+        sed -i 's|^                   ugni, \\$|&\n                   usnic, \\|' \
+            "${ucx}/test/gtest/uct/test_md.cc"
+    grep -q 'include $(srcdir)/uct/usnic/gtest.am' "${ucx}/test/gtest/Makefile.am" ||
+        sed -i 's|^noinst_HEADERS = \\$|include $(srcdir)/uct/usnic/gtest.am\n\n&|' \
+            "${ucx}/test/gtest/Makefile.am"
+
+    grep -q 'src/uct/usnic/configure.m4' "${ucx}/src/uct/configure.m4" &&
+        grep -q '^    usnic, ' "${ucx}/test/gtest/uct/uct_test.h" &&
+        grep -q 'include $(srcdir)/uct/usnic/gtest.am' "${ucx}/test/gtest/Makefile.am" ||
+        usnic_die "could not integrate the module into ${ucx}: unknown UCX layout"
+
+    # Debian's orig tarball lacks files that configure.ac links
+    if [ -d "${ucx}/debian.upstream" ]; then
+        local f
+        for f in compat copyright ucx.prerm; do
+            [ -e "${ucx}/debian/${f}" ] || {
+                mkdir -p "${ucx}/debian"
+                cp -a "${ucx}/debian.upstream/${f}" "${ucx}/debian/${f}"
+            }
+        done
+    fi
+}
+
+configure_ucx() {
+    local ucx=$1 args stamp_new stamp=${usnic_obj}/.usnic-configured
+    args=("${ucx_configure_args[@]}" "--prefix=${usnic_prefix}")
+    if [ -n "${LIBFABRIC_SRC:-}" ]; then
+        args+=("--with-usnic=${usnic_fabric_prefix}")
+    else
+        args+=(--with-usnic)
+    fi
+
+    # Inputs that need autogen + configure again when they change
+    stamp_new=$(cat "${usnic_top}/src/uct/usnic/configure.m4" \
+                    "${usnic_top}/src/uct/usnic/Makefile.am" \
+                    "${usnic_top}/test/gtest/uct/usnic/gtest.am" \
+                    "${BASH_SOURCE[0]}" | sha1sum | cut -d' ' -f1)
+    stamp_new="${stamp_new} ${args[*]}"
+    if [ -f "${stamp}" ] && [ "$(cat "${stamp}")" = "${stamp_new}" ] &&
+       [ -f "${usnic_obj}/Makefile" ]; then
+        return 0
+    fi
+
+    usnic_log "autogen + configure of ${ucx}"
+    run_logged autogen sh -c "cd '${ucx}' && ./autogen.sh"
+    mkdir -p "${usnic_obj}"
+    # GCC 12 flags a use-after-free in UCX's own gtest sources: keep it a
+    # warning there, the module itself still builds with -Werror
+    run_logged configure sh -c "cd '${usnic_obj}' && '${ucx}/configure' \
+        ${args[*]} CXXFLAGS='-g -O2 -Wno-error'"
+    grep -q '^#define HAVE_TL_USNIC 1' "${usnic_obj}/config.h" ||
+        usnic_die "configure did not enable usnic; see ${logs}/configure.log"
+    echo "${stamp_new}" >"${stamp}"
+}
+
+make_ucx() {
+    local stamp=${usnic_prefix}/.usnic-installed
+    usnic_log "make (-j${jobs}) in ${usnic_obj}"
+    run_logged make make -C "${usnic_obj}" -j"${jobs}"
+    # Install only what is newer than the last install
+    if [ ! -f "${stamp}" ] ||
+       [ -n "$(find "${usnic_obj}/src" -newer "${stamp}" \
+                    \( -name '*.so*' -o -name '*.la' -o -perm -u+x \) \
+                    -type f -print -quit)" ]; then
+        usnic_log "make install into ${usnic_prefix}"
+        run_logged install make -C "${usnic_obj}" -j"${jobs}" install
+        touch "${stamp}"
+    fi
+}
+
+main() {
+    local ucx
+    mkdir -p "${logs}"
+    install_build_deps
+    [ -z "${LIBFABRIC_SRC:-}" ] || build_libfabric
+    ucx=$(ucx_source_tree)
+    sync_module "${ucx}"
+    integrate_module "${ucx}"
+    configure_ucx "${ucx}"
+    make_ucx
+    if [ "${usnic_leg}" = default ]; then
+        ln -sfn "${usnic_leg}/install" "${usnic_build}/install"
+    fi
+    usnic_log "done: ${usnic_bin}/ucx_info -d -t usnic"
+}
+
+main "$@"

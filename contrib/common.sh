@@ -1,0 +1,75 @@
+# Shared by the contrib scripts: where a build leg lives and how to reach it.
+#
+# A leg is one (UCX source, libfabric) pair. Each leg has its own tree under
+# build/<leg>/ (src, obj, install), so switching legs stays incremental.
+#   UCX_SRC        UCX source directory or tarball; default: Debian's ucx
+#                  source package (apt-get source ucx)
+#   LIBFABRIC_SRC  libfabric source directory or tarball; default: the
+#                  system libfabric (Debian's libfabric-dev)
+
+usnic_top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+usnic_build=${usnic_top}/build
+
+usnic_log() {
+    echo "[usnic] $*" >&2
+}
+
+usnic_die() {
+    echo "[usnic] error: $*" >&2
+    exit 1
+}
+
+# Name of a source given as a directory or a tarball: its base name without
+# the archive suffix.
+usnic_src_name() {
+    local name
+    name=$(basename "$1")
+    name=${name%.tar.gz}
+    name=${name%.tar.xz}
+    name=${name%.tar.bz2}
+    name=${name%.tgz}
+    echo "${name}"
+}
+
+usnic_ucx_name=debian
+[ -z "${UCX_SRC:-}" ] || usnic_ucx_name=$(usnic_src_name "${UCX_SRC}")
+usnic_fabric_name=system
+[ -z "${LIBFABRIC_SRC:-}" ] || usnic_fabric_name=$(usnic_src_name "${LIBFABRIC_SRC}")
+
+if [ "${usnic_ucx_name}" = debian ] && [ "${usnic_fabric_name}" = system ]; then
+    usnic_leg=default
+else
+    usnic_leg=${usnic_ucx_name}+${usnic_fabric_name}
+fi
+
+usnic_leg_dir=${usnic_build}/${usnic_leg}
+usnic_obj=${usnic_leg_dir}/obj
+usnic_prefix=${usnic_leg_dir}/install
+usnic_fabric_prefix=${usnic_leg_dir}/libfabric
+usnic_bin=${usnic_prefix}/bin
+usnic_gtest=${usnic_obj}/test/gtest/gtest
+
+# Make the leg's own libfabric win over the system one at run time.
+usnic_env() {
+    if [ -d "${usnic_fabric_prefix}/lib" ]; then
+        export LD_LIBRARY_PATH=${usnic_fabric_prefix}/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}
+        export PATH=${usnic_fabric_prefix}/bin:${PATH}
+    fi
+}
+
+# Install Debian packages that are missing; quiet when all are there.
+usnic_apt_install() {
+    local missing=() pkg
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "${pkg}" 2>/dev/null |
+            grep -q "install ok installed" || missing+=("${pkg}")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    usnic_log "installing ${missing[*]}"
+    if [ ! -f "${usnic_build}/.apt-updated" ]; then
+        mkdir -p "${usnic_build}"
+        apt-get update -q >/dev/null
+        touch "${usnic_build}/.apt-updated"
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+}

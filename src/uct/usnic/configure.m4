@@ -1,0 +1,69 @@
+#
+# Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+# See file LICENSE for terms.
+#
+
+#
+# usnic transport: reliable, ordered AM and PUT over libfabric datagram
+# endpoints (FI_EP_DGRAM). Needs libfabric; hwloc is optional.
+#
+usnic_happy="no"
+AC_ARG_WITH([usnic],
+            [AS_HELP_STRING([--with-usnic(=DIR)],
+                            [Build the usnic transport over libfabric
+                             datagram endpoints; DIR is where libfabric is
+                             installed (default: guess)])],
+            [], [with_usnic=guess])
+
+AS_IF([test "x$with_usnic" != xno],
+      [save_CPPFLAGS="$CPPFLAGS"
+       save_LDFLAGS="$LDFLAGS"
+       save_LIBS="$LIBS"
+       USNIC_CPPFLAGS=""
+       USNIC_LDFLAGS=""
+       usnic_missing=""
+
+       AS_IF([test "x$with_usnic" != xguess -a "x$with_usnic" != xyes],
+             [AS_IF([test -d "$with_usnic"],
+                    [USNIC_CPPFLAGS="-I$with_usnic/include"
+                     AS_IF([test -d "$with_usnic/lib64"],
+                           [USNIC_LDFLAGS="-L$with_usnic/lib64 -Wl,-rpath,$with_usnic/lib64"],
+                           [USNIC_LDFLAGS="-L$with_usnic/lib -Wl,-rpath,$with_usnic/lib"])],
+                    [AC_MSG_ERROR([--with-usnic=$with_usnic: no such directory])])])
+
+       CPPFLAGS="$USNIC_CPPFLAGS $CPPFLAGS"
+       LDFLAGS="$USNIC_LDFLAGS $LDFLAGS"
+       AC_CHECK_HEADER([rdma/fabric.h],
+                       [AC_CHECK_LIB([fabric], [fi_getinfo],
+                                     [usnic_happy="yes"],
+                                     [usnic_missing="libfabric library (fi_getinfo in -lfabric)"])],
+                       [usnic_missing="libfabric headers (rdma/fabric.h)"])
+
+       AS_IF([test "x$usnic_happy" = xyes],
+             [# What differs between libfabric 1.x and 2.x is found by
+              # feature, not by version number
+              AC_CHECK_DECLS([FI_AV_MAP, FI_MR_BASIC, FI_WAIT_SET],
+                             [], [], [[#include <rdma/fabric.h>
+                                       #include <rdma/fi_domain.h>
+                                       #include <rdma/fi_eq.h>]])
+              AC_CHECK_HEADERS([rdma/fi_ext_usnic.h], [], [],
+                               [[#include <rdma/fabric.h>]])])
+
+       CPPFLAGS="$save_CPPFLAGS"
+       LDFLAGS="$save_LDFLAGS"
+       LIBS="$save_LIBS"
+
+       AS_IF([test "x$usnic_happy" = xyes],
+             [uct_modules="${uct_modules}:usnic"
+              AC_SUBST([USNIC_CPPFLAGS])
+              AC_SUBST([USNIC_LDFLAGS])
+              AC_SUBST([USNIC_LIBS], [-lfabric])
+              AC_DEFINE([HAVE_TL_USNIC], [1], [usnic transport support])],
+             [AS_IF([test "x$with_usnic" != xguess],
+                    [AC_MSG_ERROR([usnic transport requested but $usnic_missing not found; install libfabric-dev or pass --with-usnic=DIR])],
+                    [AC_MSG_WARN([usnic transport disabled: $usnic_missing not found])])])
+      ])
+
+AM_CONDITIONAL([HAVE_USNIC], [test "x$usnic_happy" = xyes])
+AC_CONFIG_FILES([src/uct/usnic/Makefile
+                 src/uct/usnic/ucx-usnic.pc])

@@ -1,0 +1,303 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#ifdef HAVE_CONFIG_H
+#  include "config.h"
+#endif
+
+#include "usnic_channel.h"
+#include "usnic_md.h"
+
+#include <ucs/debug/log.h>
+#include <ucs/sys/sock.h>
+
+#include <rdma/fi_cm.h>
+#include <rdma/fi_errno.h>
+
+
+/* Completions read from a CQ in one call */
+#define UCT_USNIC_CHANNEL_CQ_BATCH 16
+
+
+static void uct_usnic_rx_desc_init(uct_iface_h iface, void *obj,
+                                   uct_mem_h memh)
+{
+    uct_usnic_rx_desc_t *desc = obj;
+
+    desc->mr_desc = uct_usnic_memh_desc(memh);
+}
+
+static unsigned uct_usnic_channel_post_recv(uct_usnic_channel_t *channel,
+                                            unsigned count)
+{
+    size_t length = channel->prefix_size + channel->max_msg_size;
+    uct_usnic_rx_desc_t *desc;
+    unsigned posted;
+    ssize_t ret;
+
+    for (posted = 0; posted < count; ++posted) {
+        desc = ucs_mpool_get_inline(&channel->rx_mp);
+        if (desc == NULL) {
+            break;
+        }
+
+        ret = fi_recv(channel->ep,
+                      UCS_PTR_BYTE_OFFSET(uct_usnic_rx_desc_data(channel, desc),
+                                          -channel->prefix_size),
+                      length, desc->mr_desc, FI_ADDR_UNSPEC, &desc->ctx);
+        if (ret != 0) {
+            ucs_mpool_put_inline(desc);
+            if (ret != -FI_EAGAIN) {
+                ucs_error("%s: fi_recv failed: %s", channel->name,
+                          fi_strerror(-ret));
+            }
+            break;
+        }
+
+        ucs_list_add_tail(&channel->rx_posted_list, &desc->list);
+    }
+
+    channel->rx_posted += posted;
+    return posted;
+}
+
+static void uct_usnic_channel_rx_complete(uct_usnic_channel_t *channel,
+                                          const struct fi_cq_msg_entry *comp)
+{
+    uct_usnic_rx_desc_t *desc = ucs_container_of(comp->op_context,
+                                                 uct_usnic_rx_desc_t, ctx);
+
+    ucs_list_del(&desc->list);
+    --channel->rx_posted;
+
+    /* A provider without FI_MSG_PREFIX handling would report less */
+    if (ucs_unlikely(comp->len < channel->prefix_size)) {
+        ucs_mpool_put_inline(desc);
+        return;
+    }
+
+    if (channel->rx_cb(channel, desc, uct_usnic_rx_desc_data(channel, desc),
+                       comp->len - channel->prefix_size) == UCS_OK) {
+        ucs_mpool_put_inline(desc);
+    }
+}
+
+static UCS_F_NOINLINE void
+uct_usnic_channel_handle_cq_error(uct_usnic_channel_t *channel)
+{
+    struct fi_cq_err_entry err = {0};
+    uct_usnic_rx_desc_t *desc;
+    ssize_t ret;
+
+    ret = fi_cq_readerr(channel->cq, &err, 0);
+    if (ret < 0) {
+        if (ret != -FI_EAGAIN) {
+            ucs_error("%s: fi_cq_readerr failed: %s", channel->name,
+                      fi_strerror(-ret));
+        }
+        return;
+    }
+
+    if (err.flags & FI_RECV) {
+        /* Truncated or cancelled receive: the datagram is lost, the buffer
+         * goes back to the pool */
+        desc = ucs_container_of(err.op_context, uct_usnic_rx_desc_t, ctx);
+        ucs_list_del(&desc->list);
+        --channel->rx_posted;
+        ucs_mpool_put_inline(desc);
+        ucs_debug("%s: receive failed: %s", channel->name,
+                  fi_strerror(err.err));
+    } else {
+        ucs_warn("%s: completion error: %s", channel->name,
+                 fi_strerror(err.err));
+    }
+}
+
+unsigned uct_usnic_channel_progress(uct_usnic_channel_t *channel,
+                                    unsigned max_events)
+{
+    struct fi_cq_msg_entry comps[UCT_USNIC_CHANNEL_CQ_BATCH];
+    unsigned count;
+    ssize_t i, ret;
+
+    ret = fi_cq_read(channel->cq, comps,
+                     ucs_min(max_events, UCT_USNIC_CHANNEL_CQ_BATCH));
+    if (ucs_likely(ret > 0)) {
+        for (i = 0; i < ret; ++i) {
+            if (comps[i].flags & FI_RECV) {
+                uct_usnic_channel_rx_complete(channel, &comps[i]);
+            }
+        }
+        count = ret;
+    } else {
+        if (ucs_unlikely(ret == -FI_EAVAIL)) {
+            uct_usnic_channel_handle_cq_error(channel);
+        } else if (ucs_unlikely(ret != -FI_EAGAIN)) {
+            ucs_error("%s: fi_cq_read failed: %s", channel->name,
+                      fi_strerror(-ret));
+        }
+        count = 0;
+    }
+
+    if ((channel->rx_queue_len - channel->rx_posted) >= channel->rx_batch) {
+        uct_usnic_channel_post_recv(channel, channel->rx_batch);
+    }
+
+    return count;
+}
+
+static ucs_status_t uct_usnic_channel_open_ep(uct_usnic_channel_t *channel,
+                                              const struct fi_info *info,
+                                              struct fid_domain *domain,
+                                              struct fid_av *av,
+                                              unsigned cq_size)
+{
+    struct fi_cq_attr cq_attr = {
+        .size     = cq_size,
+        .format   = FI_CQ_FORMAT_MSG,
+        .wait_obj = FI_WAIT_NONE
+    };
+    size_t addrlen            = sizeof(channel->addr);
+    int ret;
+
+    ret = fi_cq_open(domain, &cq_attr, &channel->cq, NULL);
+    if (ret != 0) {
+        ucs_error("%s: fi_cq_open(size %u) failed: %s", channel->name,
+                  cq_size, fi_strerror(-ret));
+        return UCS_ERR_IO_ERROR;
+    }
+
+    ret = fi_endpoint(domain, (struct fi_info*)info, &channel->ep, NULL);
+    if (ret != 0) {
+        ucs_error("%s: fi_endpoint failed: %s", channel->name,
+                  fi_strerror(-ret));
+        goto err_close_cq;
+    }
+
+    ret = fi_ep_bind(channel->ep, &av->fid, 0);
+    if (ret != 0) {
+        ucs_error("%s: fi_ep_bind(av) failed: %s", channel->name,
+                  fi_strerror(-ret));
+        goto err_close_ep;
+    }
+
+    ret = fi_ep_bind(channel->ep, &channel->cq->fid, FI_TRANSMIT | FI_RECV);
+    if (ret != 0) {
+        ucs_error("%s: fi_ep_bind(cq) failed: %s", channel->name,
+                  fi_strerror(-ret));
+        goto err_close_ep;
+    }
+
+    ret = fi_enable(channel->ep);
+    if (ret != 0) {
+        ucs_error("%s: fi_enable failed: %s", channel->name,
+                  fi_strerror(-ret));
+        goto err_close_ep;
+    }
+
+    ret = fi_getname(&channel->ep->fid, &channel->addr, &addrlen);
+    if ((ret != 0) || (addrlen != sizeof(channel->addr)) ||
+        (channel->addr.sin_family != AF_INET)) {
+        ucs_error("%s: fi_getname failed: %s (length %zu)", channel->name,
+                  fi_strerror(-ret), addrlen);
+        goto err_close_ep;
+    }
+
+    return UCS_OK;
+
+err_close_ep:
+    fi_close(&channel->ep->fid);
+err_close_cq:
+    fi_close(&channel->cq->fid);
+    return UCS_ERR_IO_ERROR;
+}
+
+ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
+                                    uct_base_iface_t *iface,
+                                    const struct fi_info *info,
+                                    struct fid_domain *domain,
+                                    struct fid_av *av,
+                                    const uct_usnic_channel_params_t *params)
+{
+    char addr_str[UCS_SOCKADDR_STRING_LEN];
+    ucs_status_t status;
+
+    channel->iface        = iface;
+    channel->name         = params->name;
+    channel->rx_cb        = params->rx_cb;
+    channel->rx_queue_len = params->rx_queue_len;
+    channel->rx_batch     = params->rx_batch;
+    channel->rx_posted    = 0;
+    channel->max_msg_size = params->max_msg_size;
+    channel->prefix_size  = (info->mode & FI_MSG_PREFIX) ?
+                            info->ep_attr->msg_prefix_size : 0;
+    channel->rx_offset    = sizeof(uct_usnic_rx_desc_t) +
+                            params->rx_headroom + channel->prefix_size;
+    ucs_list_head_init(&channel->rx_posted_list);
+
+    status = uct_usnic_channel_open_ep(channel, info, domain, av,
+                                       params->rx_queue_len +
+                                       params->tx_queue_len);
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    status = uct_iface_mpool_init(iface, &channel->rx_mp,
+                                  channel->rx_offset + channel->max_msg_size,
+                                  0, UCS_SYS_CACHE_LINE_SIZE,
+                                  params->rx_mpool, params->rx_queue_len,
+                                  uct_usnic_rx_desc_init, params->name);
+    if (status != UCS_OK) {
+        goto err_close_ep;
+    }
+
+    if (uct_usnic_channel_post_recv(channel, channel->rx_queue_len) == 0) {
+        ucs_error("%s: could not post any receive buffer", channel->name);
+        status = UCS_ERR_NO_RESOURCE;
+        goto err_cleanup;
+    }
+
+    ucs_debug("%s: bound to %s, %u receives posted", channel->name,
+              ucs_sockaddr_str((struct sockaddr*)&channel->addr, addr_str,
+                               sizeof(addr_str)),
+              channel->rx_posted);
+    return UCS_OK;
+
+err_cleanup:
+    uct_usnic_channel_cleanup(channel);
+    return status;
+err_close_ep:
+    fi_close(&channel->ep->fid);
+    fi_close(&channel->cq->fid);
+    return status;
+}
+
+void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel)
+{
+    uct_usnic_rx_desc_t *desc, *tmp;
+    int ret;
+
+    ret = fi_close(&channel->ep->fid);
+    if (ret != 0) {
+        ucs_warn("%s: fi_close(ep) failed: %s", channel->name,
+                 fi_strerror(-ret));
+    }
+
+    /* The endpoint is gone: its posted buffers are ours again */
+    ucs_list_for_each_safe(desc, tmp, &channel->rx_posted_list, list) {
+        ucs_list_del(&desc->list);
+        ucs_mpool_put_inline(desc);
+    }
+    channel->rx_posted = 0;
+
+    ret = fi_close(&channel->cq->fid);
+    if (ret != 0) {
+        ucs_warn("%s: fi_close(cq) failed: %s", channel->name,
+                 fi_strerror(-ret));
+    }
+
+    ucs_mpool_cleanup(&channel->rx_mp, 1);
+}

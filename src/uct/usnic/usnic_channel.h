@@ -1,0 +1,108 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#ifndef UCT_USNIC_CHANNEL_H
+#define UCT_USNIC_CHANNEL_H
+
+#include "usnic_compat.h"
+
+#include <ucs/datastruct/list.h>
+#include <ucs/datastruct/mpool.h>
+#include <ucs/datastruct/mpool.inl>
+
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <netinet/in.h>
+
+
+typedef struct uct_usnic_channel uct_usnic_channel_t;
+
+
+/**
+ * Receive buffer. The datagram lands at a fixed offset behind this header,
+ * after the room the channel's user asked for (AM headroom) and the
+ * provider's message prefix.
+ */
+typedef struct uct_usnic_rx_desc {
+    struct fi_context   ctx;     /* Owned by libfabric while posted */
+    ucs_list_link_t     list;    /* Entry in the channel's posted list */
+    void                *mr_desc; /* Local registration, NULL without one */
+} uct_usnic_rx_desc_t;
+
+
+/**
+ * Called for every datagram received on a channel. Returns UCS_OK when the
+ * descriptor may be reused at once, UCS_INPROGRESS when the callee keeps it
+ * and releases it later with uct_usnic_channel_rx_desc_put().
+ */
+typedef ucs_status_t (*uct_usnic_channel_rx_cb_t)(uct_usnic_channel_t *channel,
+                                                  uct_usnic_rx_desc_t *desc,
+                                                  void *data, size_t length);
+
+
+typedef struct uct_usnic_channel_params {
+    const char                *name;         /* For logs and mpool names */
+    unsigned                  rx_queue_len;  /* Receives kept posted */
+    unsigned                  tx_queue_len;  /* Sends in flight */
+    unsigned                  rx_batch;      /* Repost granularity */
+    size_t                    rx_headroom;   /* Room in front of the prefix */
+    size_t                    max_msg_size;  /* Datagram size, no prefix */
+    const uct_iface_mpool_config_t *rx_mpool;
+    uct_usnic_channel_rx_cb_t rx_cb;
+} uct_usnic_channel_params_t;
+
+
+/**
+ * One libfabric datagram endpoint with its completion queue and posted
+ * receive buffers.
+ */
+struct uct_usnic_channel {
+    uct_base_iface_t          *iface;       /* Owner */
+    struct fid_ep             *ep;
+    struct fid_cq             *cq;
+    uct_usnic_channel_rx_cb_t rx_cb;
+    size_t                    prefix_size;  /* FI_MSG_PREFIX room */
+    size_t                    rx_offset;    /* Datagram offset in a desc */
+    size_t                    max_msg_size; /* Datagram size, no prefix */
+    unsigned                  rx_queue_len;
+    unsigned                  rx_batch;
+    unsigned                  rx_posted;
+    ucs_list_link_t           rx_posted_list;
+    ucs_mpool_t               rx_mp;
+    struct sockaddr_in        addr;         /* Bound address and port */
+    const char                *name;
+};
+
+
+ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
+                                    uct_base_iface_t *iface,
+                                    const struct fi_info *info,
+                                    struct fid_domain *domain,
+                                    struct fid_av *av,
+                                    const uct_usnic_channel_params_t *params);
+
+
+void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel);
+
+
+unsigned uct_usnic_channel_progress(uct_usnic_channel_t *channel,
+                                    unsigned max_events);
+
+
+static UCS_F_ALWAYS_INLINE void *
+uct_usnic_rx_desc_data(uct_usnic_channel_t *channel, uct_usnic_rx_desc_t *desc)
+{
+    return UCS_PTR_BYTE_OFFSET(desc, channel->rx_offset);
+}
+
+
+static UCS_F_ALWAYS_INLINE void
+uct_usnic_channel_rx_desc_put(uct_usnic_rx_desc_t *desc)
+{
+    ucs_mpool_put_inline(desc);
+}
+
+#endif

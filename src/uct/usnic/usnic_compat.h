@@ -1,0 +1,336 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#ifndef UCT_USNIC_COMPAT_H
+#define UCT_USNIC_COMPAT_H
+
+/*
+ * The module is written against the UCT internal API of UCX 1.22. Every
+ * difference to older UCX releases (1.13 is the oldest supported one) and to
+ * older libfabric releases lives in this header, so the rest of the module
+ * reads as a plain 1.22 transport. UCX is told apart by UCT_API, which is
+ * generated into uct/api/version.h and therefore reliable at build time;
+ * libfabric by configure feature checks (HAVE_DECL_*).
+ */
+
+#include <uct/api/uct.h>
+#include <uct/api/v2/uct_v2.h>
+#include <uct/base/uct_component.h>
+#include <uct/base/uct_iface.h>
+#include <uct/base/uct_md.h>
+#include <ucs/sys/string.h>
+#include <ucs/sys/stubs.h>
+
+#include <rdma/fabric.h>
+#include <stdarg.h>
+#include <string.h>
+
+
+#define UCT_USNIC_UCX_GE(_major, _minor) \
+    (UCT_API >= UCT_VERSION(_major, _minor))
+
+/* Casting a UCS stub keeps designated initializers warning-free on both
+ * versions: 1.13 declares the stubs without a prototype, 1.22 as (void). */
+#define UCT_USNIC_STUB(_type, _func) ((_type)(_func))
+
+
+#if UCT_USNIC_UCX_GE(1, 22)
+
+#define UCT_USNIC_MD_QUERY(_func)          _func
+#define UCT_USNIC_MD_QUERY_ADAPTER(_func)
+#define UCT_USNIC_MEM_REG(_func)           _func
+#define UCT_USNIC_MEM_REG_ADAPTER(_func)
+#define UCT_USNIC_MKEY_PACK(_func)         _func
+#define UCT_USNIC_MKEY_PACK_ADAPTER(_func)
+#define UCT_USNIC_RKEY_UNPACK(_func)       _func
+#define UCT_USNIC_RKEY_UNPACK_ADAPTER(_func)
+
+/* Members that exist in 1.22 only; spliced into the uct_md_ops_t initializer */
+#define UCT_USNIC_MD_OPS_VERSIONED \
+    .mem_attach    = UCT_USNIC_STUB(uct_md_mem_attach_func_t, \
+                                    ucs_empty_function_return_unsupported), \
+    .mem_elem_pack = UCT_USNIC_STUB(uct_md_mem_elem_pack_func_t, \
+                                    ucs_empty_function_return_unsupported),
+
+#define UCT_USNIC_COMPONENT_RKEY_COMPARE .rkey_compare = uct_base_rkey_compare,
+
+#define UCT_USNIC_IFACE_MPOOL_CONFIG_FIELDS(_prefix, _dfl_max, _dfl_grow, \
+                                            _mp_name, _offset, _desc) \
+    UCT_IFACE_MPOOL_CONFIG_FIELDS(_prefix, _dfl_max, _dfl_grow, 128m, 1.0, \
+                                  _mp_name, _offset, _desc)
+
+/* ops.iface_is_reachable: UCX wraps v1 calls into the internal v2 op */
+#define UCT_USNIC_IFACE_IS_REACHABLE(_func) uct_base_iface_is_reachable
+#define UCT_USNIC_IFACE_IS_REACHABLE_ADAPTER(_func)
+
+#define UCT_USNIC_EP_INVALIDATE(_func) _func
+#define UCT_USNIC_EP_INVALIDATE_ADAPTER(_func)
+
+#define UCT_USNIC_IFACE_INTERNAL_OPS(_estimate_perf, _is_reachable_v2, \
+                                     _ep_is_connected, _ep_invalidate) \
+    { \
+        .iface_query_v2        = uct_iface_base_query_v2, \
+        .iface_estimate_perf   = _estimate_perf, \
+        .iface_vfs_refresh     = UCT_USNIC_STUB(uct_iface_vfs_refresh_func_t, \
+                                                ucs_empty_function), \
+        .ep_query              = UCT_USNIC_STUB(uct_ep_query_func_t, \
+                                 ucs_empty_function_return_unsupported), \
+        .ep_invalidate         = _ep_invalidate, \
+        .ep_connect_to_ep_v2   = UCT_USNIC_STUB(uct_ep_connect_to_ep_v2_func_t, \
+                                 ucs_empty_function_return_unsupported), \
+        .iface_is_reachable_v2 = _is_reachable_v2, \
+        .ep_is_connected       = _ep_is_connected, \
+        .ep_get_device_ep      = UCT_USNIC_STUB(uct_ep_get_device_ep_func_t, \
+                                 ucs_empty_function_return_unsupported), \
+        .ep_put_sgl_zcopy      = UCT_USNIC_STUB(uct_ep_put_sgl_zcopy_func_t, \
+                                 ucs_empty_function_return_unsupported) \
+    }
+
+#define UCT_USNIC_PERF_SET_BANDWIDTH(_perf_attr, _bw) \
+    do { \
+        if ((_perf_attr)->field_mask & UCT_PERF_ATTR_FIELD_BANDWIDTH) { \
+            (_perf_attr)->bandwidth = (_bw); \
+        } \
+        if ((_perf_attr)->field_mask & UCT_PERF_ATTR_FIELD_PATH_BANDWIDTH) { \
+            (_perf_attr)->path_bandwidth = (_bw); \
+        } \
+    } while (0)
+
+#define UCT_USNIC_AM_SHORT_FILL_DATA(_buf, _hdr, _payload, _length) \
+    uct_am_short_fill_data(_buf, _hdr, _payload, _length, \
+                           UCS_ARCH_MEMCPY_NT_NONE)
+
+#else /* UCX older than 1.22: 1.13 layout */
+
+/* Parameter structures that 1.13 does not have */
+typedef struct {
+    uint64_t          field_mask;
+    uint64_t          max_alloc;
+    size_t            max_reg;
+    uint64_t          flags;
+    uint64_t          reg_mem_types;
+    uint64_t          cache_mem_types;
+    uint64_t          detect_mem_types;
+    uint64_t          alloc_mem_types;
+    uint64_t          access_mem_types;
+    ucs_linear_func_t reg_cost;
+    size_t            rkey_packed_size;
+    ucs_cpu_set_t     local_cpus;
+    size_t            reg_alignment;
+} uct_md_attr_v2_t;
+
+enum {
+    UCT_MD_MEM_REG_FIELD_FLAGS = UCS_BIT(0)
+};
+
+typedef struct {
+    uint64_t field_mask;
+    uint64_t flags;
+} uct_md_mem_reg_params_t;
+
+#define UCT_MD_MEM_REG_FIELD_VALUE(_params, _name, _flag, _default) \
+    (((_params)->field_mask & UCT_MD_MEM_REG_FIELD_##_flag) ? \
+     (_params)->_name : (_default))
+
+typedef struct {
+    uint64_t field_mask;
+} uct_rkey_unpack_params_t;
+
+typedef struct {
+    uint64_t field_mask;
+} uct_ep_invalidate_params_t;
+
+typedef enum {
+    UCT_IFACE_REACHABILITY_SCOPE_NETWORK,
+    UCT_IFACE_REACHABILITY_SCOPE_DEVICE
+} uct_iface_reachability_scope_t;
+
+enum {
+    UCT_IFACE_IS_REACHABLE_FIELD_SCOPE = UCS_BIT(4)
+};
+
+#define UCT_IFACE_FLAG_INTER_NODE 0
+
+static UCS_F_MAYBE_UNUSED void uct_md_base_md_query(uct_md_attr_v2_t *md_attr)
+{
+    memset(md_attr, 0, sizeof(*md_attr));
+    md_attr->max_reg       = ULONG_MAX;
+    md_attr->reg_alignment = 1;
+    memset(&md_attr->local_cpus, 0xff, sizeof(md_attr->local_cpus));
+}
+
+#define UCT_USNIC_MD_QUERY(_func) _func##_v1
+#define UCT_USNIC_MD_QUERY_ADAPTER(_func) \
+    static ucs_status_t _func##_v1(uct_md_h md, uct_md_attr_t *md_attr) \
+    { \
+        uct_md_attr_v2_t attr; \
+        ucs_status_t status; \
+        \
+        status = _func(md, &attr); \
+        if (status != UCS_OK) { \
+            return status; \
+        } \
+        \
+        md_attr->cap.max_alloc        = attr.max_alloc; \
+        md_attr->cap.max_reg          = attr.max_reg; \
+        md_attr->cap.flags            = attr.flags; \
+        md_attr->cap.reg_mem_types    = attr.reg_mem_types; \
+        md_attr->cap.detect_mem_types = attr.detect_mem_types; \
+        md_attr->cap.alloc_mem_types  = attr.alloc_mem_types; \
+        md_attr->cap.access_mem_types = attr.access_mem_types; \
+        md_attr->reg_cost             = attr.reg_cost; \
+        md_attr->rkey_packed_size     = attr.rkey_packed_size; \
+        md_attr->local_cpus           = attr.local_cpus; \
+        return UCS_OK; \
+    }
+
+#define UCT_USNIC_MEM_REG(_func) _func##_v1
+#define UCT_USNIC_MEM_REG_ADAPTER(_func) \
+    static ucs_status_t _func##_v1(uct_md_h md, void *address, size_t length, \
+                                   unsigned flags, uct_mem_h *memh_p) \
+    { \
+        uct_md_mem_reg_params_t params = { \
+            .field_mask = UCT_MD_MEM_REG_FIELD_FLAGS, \
+            .flags      = flags \
+        }; \
+        \
+        return _func(md, address, length, &params, memh_p); \
+    }
+
+#define UCT_USNIC_MKEY_PACK(_func) _func##_v1
+#define UCT_USNIC_MKEY_PACK_ADAPTER(_func) \
+    static ucs_status_t _func##_v1(uct_md_h md, uct_mem_h memh, \
+                                   const uct_md_mkey_pack_params_t *params, \
+                                   void *buffer) \
+    { \
+        return _func(md, memh, NULL, SIZE_MAX, params, buffer); \
+    }
+
+#define UCT_USNIC_RKEY_UNPACK(_func) _func##_v1
+#define UCT_USNIC_RKEY_UNPACK_ADAPTER(_func) \
+    static ucs_status_t _func##_v1(uct_component_t *component, \
+                                   const void *buffer, uct_rkey_t *rkey_p, \
+                                   void **handle_p) \
+    { \
+        uct_rkey_unpack_params_t params = {.field_mask = 0}; \
+        \
+        return _func(component, buffer, &params, rkey_p, handle_p); \
+    }
+
+#define UCT_USNIC_MD_OPS_VERSIONED \
+    .is_sockaddr_accessible = UCT_USNIC_STUB( \
+            uct_md_is_sockaddr_accessible_func_t, \
+            ucs_empty_function_return_zero_int),
+
+#define UCT_USNIC_COMPONENT_RKEY_COMPARE
+
+#define UCT_USNIC_IFACE_MPOOL_CONFIG_FIELDS UCT_IFACE_MPOOL_CONFIG_FIELDS
+
+/* 1.13 has the v1 reachability op only: build the v2 parameters here */
+#define UCT_USNIC_IFACE_IS_REACHABLE(_func) _func##_v1
+#define UCT_USNIC_IFACE_IS_REACHABLE_ADAPTER(_func) \
+    static int _func##_v1(const uct_iface_h iface, \
+                          const uct_device_addr_t *device_addr, \
+                          const uct_iface_addr_t *iface_addr) \
+    { \
+        uct_iface_is_reachable_params_t params = { \
+            .field_mask  = UCT_IFACE_IS_REACHABLE_FIELD_DEVICE_ADDR | \
+                           UCT_IFACE_IS_REACHABLE_FIELD_IFACE_ADDR, \
+            .device_addr = device_addr, \
+            .iface_addr  = iface_addr \
+        }; \
+        \
+        return _func(iface, &params); \
+    }
+
+#define UCT_USNIC_EP_INVALIDATE(_func) _func##_v1
+#define UCT_USNIC_EP_INVALIDATE_ADAPTER(_func) \
+    static ucs_status_t _func##_v1(uct_ep_h ep, unsigned flags) \
+    { \
+        return _func(ep, NULL); \
+    }
+
+#define UCT_USNIC_IFACE_INTERNAL_OPS(_estimate_perf, _is_reachable_v2, \
+                                     _ep_is_connected, _ep_invalidate) \
+    { \
+        .iface_estimate_perf = _estimate_perf, \
+        .iface_vfs_refresh   = UCT_USNIC_STUB(uct_iface_vfs_refresh_func_t, \
+                                              ucs_empty_function), \
+        .ep_query            = UCT_USNIC_STUB(uct_ep_query_func_t, \
+                                 ucs_empty_function_return_unsupported), \
+        .ep_invalidate       = _ep_invalidate \
+    }
+
+#define UCT_USNIC_PERF_SET_BANDWIDTH(_perf_attr, _bw) \
+    do { \
+        if ((_perf_attr)->field_mask & UCT_PERF_ATTR_FIELD_BANDWIDTH) { \
+            (_perf_attr)->bandwidth = (_bw); \
+        } \
+    } while (0)
+
+#define UCT_USNIC_AM_SHORT_FILL_DATA uct_am_short_fill_data
+
+static UCS_F_MAYBE_UNUSED int
+uct_iface_is_reachable_params_valid(
+        const uct_iface_is_reachable_params_t *params, uint64_t flags)
+{
+    if (!ucs_test_all_flags(params->field_mask, flags)) {
+        ucs_error("uct_iface_is_reachable: missing params "
+                  "(field_mask: %lu, expected: %lu)",
+                  params->field_mask, flags);
+        return 0;
+    }
+
+    if (params->field_mask & UCT_IFACE_IS_REACHABLE_FIELD_INFO_STRING) {
+        if (params->info_string == NULL) {
+            ucs_error("uct_iface_is_reachable: null info_string passed");
+            return 0;
+        }
+        params->info_string[0] = '\0';
+    }
+
+    return 1;
+}
+
+static UCS_F_MAYBE_UNUSED UCS_F_PRINTF(2, 3) void
+uct_iface_fill_info_str_buf(const uct_iface_is_reachable_params_t *params,
+                            const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!(params->field_mask & UCT_IFACE_IS_REACHABLE_FIELD_INFO_STRING) ||
+        (params->info_string == NULL) ||
+        !(params->field_mask &
+          UCT_IFACE_IS_REACHABLE_FIELD_INFO_STRING_LENGTH)) {
+        return;
+    }
+
+    va_start(ap, fmt);
+    ucs_vsnprintf_safe(params->info_string, params->info_string_length, fmt,
+                       ap);
+    va_end(ap);
+}
+
+#endif /* UCX version */
+
+
+/* Lengths of the peer's addresses: 1.22 passes them, 1.13 trusts the caller */
+#if UCT_USNIC_UCX_GE(1, 18)
+#define UCT_USNIC_REACHABLE_LENGTH(_params, _field, _flag, _default) \
+    UCS_PARAM_VALUE(UCT_IFACE_IS_REACHABLE_FIELD, _params, _field, _flag, \
+                    _default)
+#define UCT_USNIC_EP_PARAM_LENGTH(_params, _field, _flag, _default) \
+    UCT_EP_PARAM_VALUE(_params, _field, _flag, _default)
+#else
+#define UCT_USNIC_REACHABLE_LENGTH(_params, _field, _flag, _default) (_default)
+#define UCT_USNIC_EP_PARAM_LENGTH(_params, _field, _flag, _default)  (_default)
+#endif
+
+#define UCT_USNIC_REACHABLE_SCOPE(_params) \
+    (((_params)->field_mask & UCT_IFACE_IS_REACHABLE_FIELD_SCOPE) ? \
+     (_params)->scope : UCT_IFACE_REACHABILITY_SCOPE_NETWORK)
+
+#endif

@@ -1,0 +1,547 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#ifdef HAVE_CONFIG_H
+#  include "config.h"
+#endif
+
+#include "usnic_iface.h"
+
+#include <ucs/debug/log.h>
+#include <ucs/sys/sock.h>
+#include <ucs/sys/string.h>
+#include <ucs/sys/sys.h>
+#include <ucs/sys/uid.h>
+
+#include <rdma/fi_errno.h>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+
+
+/* Link speed assumed when the device does not report one, bits/s */
+#define UCT_USNIC_DEFAULT_LINK_SPEED 10e9
+
+/* Ethernet preamble, header, FCS and gap, plus IPv4 and UDP headers */
+#define UCT_USNIC_WIRE_OVERHEAD      (38 + 20 + 8)
+
+
+static ucs_config_field_t uct_usnic_iface_config_table[] = {
+    {"", "", NULL,
+     ucs_offsetof(uct_usnic_iface_config_t, super),
+     UCS_CONFIG_TYPE_TABLE(uct_iface_config_table)},
+
+    {"MTU", "auto",
+     "Largest datagram sent, protocol headers included. \"auto\" uses the\n"
+     "largest message the libfabric provider accepts.",
+     ucs_offsetof(uct_usnic_iface_config_t, mtu), UCS_CONFIG_TYPE_MEMUNITS},
+
+    {"TX_QUEUE_LEN", "256",
+     "Number of datagrams that may be in flight in the send queue of each\n"
+     "channel.",
+     ucs_offsetof(uct_usnic_iface_config_t, tx_queue_len),
+     UCS_CONFIG_TYPE_UINT},
+
+    {"RX_QUEUE_LEN", "1024",
+     "Number of receive buffers kept posted on the data channel.",
+     ucs_offsetof(uct_usnic_iface_config_t, rx_queue_len),
+     UCS_CONFIG_TYPE_UINT},
+
+    {"PRIO_RX_QUEUE_LEN", "128",
+     "Number of receive buffers kept posted on the priority channel, which\n"
+     "carries acknowledgements and control messages.",
+     ucs_offsetof(uct_usnic_iface_config_t, prio_rx_queue_len),
+     UCS_CONFIG_TYPE_UINT},
+
+    {"RX_POST_BATCH", "32",
+     "Receive buffers are reposted in batches of this many.",
+     ucs_offsetof(uct_usnic_iface_config_t, rx_post_batch),
+     UCS_CONFIG_TYPE_UINT},
+
+    {"MAX_POLL", "16",
+     "Maximal number of completions taken from each channel per progress\n"
+     "call.",
+     ucs_offsetof(uct_usnic_iface_config_t, max_poll), UCS_CONFIG_TYPE_UINT},
+
+    UCT_USNIC_IFACE_MPOOL_CONFIG_FIELDS("RX_", -1, 0, "receive",
+                                        ucs_offsetof(uct_usnic_iface_config_t,
+                                                     rx_mpool),
+                                        ""),
+
+    {NULL}
+};
+
+
+/* Name of a configuration variable of this transport, for error messages */
+#define UCT_USNIC_CONFIG_VAR(_name) UCS_DEFAULT_ENV_PREFIX "USNIC_" _name
+
+
+static ucs_status_t
+uct_usnic_iface_check_range(const char *var, unsigned long value,
+                            unsigned long min, unsigned long max,
+                            const char *why)
+{
+    if ((value >= min) && (value <= max)) {
+        return UCS_OK;
+    }
+
+    ucs_error("%s=%lu is out of range: must be between %lu and %lu (%s)",
+              var, value, min, max, why);
+    return UCS_ERR_INVALID_PARAM;
+}
+
+/* Check the configuration against what the provider can do */
+static ucs_status_t
+uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
+                             const struct fi_info *info)
+{
+    size_t rx_size = info->rx_attr->size;
+    ucs_status_t status;
+
+    if (config->mtu != UCS_MEMUNITS_AUTO) {
+        status = uct_usnic_iface_check_range(
+                UCT_USNIC_CONFIG_VAR("MTU"), config->mtu, 64,
+                info->ep_attr->max_msg_size,
+                "the provider's largest datagram");
+        if (status != UCS_OK) {
+            return status;
+        }
+    }
+
+    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("RX_POST_BATCH"),
+                                         config->rx_post_batch, 1, 1024,
+                                         "receives posted at once");
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("RX_QUEUE_LEN"),
+                                         config->rx_queue_len,
+                                         config->rx_post_batch, rx_size,
+                                         "at least RX_POST_BATCH, at most the "
+                                         "provider's receive queue");
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    status = uct_usnic_iface_check_range(
+            UCT_USNIC_CONFIG_VAR("PRIO_RX_QUEUE_LEN"),
+            config->prio_rx_queue_len, config->rx_post_batch, rx_size,
+            "at least RX_POST_BATCH, at most the provider's receive queue");
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("TX_QUEUE_LEN"),
+                                         config->tx_queue_len, 1,
+                                         info->tx_attr->size,
+                                         "the provider's send queue");
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    return uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("MAX_POLL"),
+                                       config->max_poll, 1, 1024,
+                                       "completions per progress call");
+}
+
+static ucs_status_t uct_usnic_iface_query(uct_iface_h tl_iface,
+                                          uct_iface_attr_t *iface_attr)
+{
+    uct_usnic_iface_t *iface = ucs_derived_of(tl_iface, uct_usnic_iface_t);
+
+    uct_base_iface_query(&iface->super, iface_attr);
+
+    iface_attr->cap.flags          = UCT_IFACE_FLAG_INTER_NODE;
+    iface_attr->device_addr_len    = sizeof(uct_usnic_device_addr_t);
+    iface_attr->iface_addr_len     = sizeof(uct_usnic_iface_addr_t);
+    iface_attr->ep_addr_len        = 0;
+    iface_attr->max_conn_priv      = 0;
+    /* A datagram crosses the kernel or the VIC once in each direction */
+    iface_attr->latency            = ucs_linear_func_make(5e-6, 0);
+    iface_attr->bandwidth.dedicated = 0;
+    iface_attr->bandwidth.shared    = iface->bandwidth;
+    iface_attr->overhead           = 1e-6;
+    iface_attr->priority           = 0;
+    return UCS_OK;
+}
+
+ucs_status_t uct_usnic_iface_get_device_address(uct_iface_h tl_iface,
+                                                uct_device_addr_t *addr)
+{
+    uct_usnic_iface_t *iface = ucs_derived_of(tl_iface, uct_usnic_iface_t);
+
+    memcpy(addr, &iface->dev_addr, sizeof(iface->dev_addr));
+    return UCS_OK;
+}
+
+ucs_status_t uct_usnic_iface_get_address(uct_iface_h tl_iface,
+                                         uct_iface_addr_t *addr)
+{
+    uct_usnic_iface_t *iface         = ucs_derived_of(tl_iface,
+                                                      uct_usnic_iface_t);
+    uct_usnic_iface_addr_t *if_addr  = (uct_usnic_iface_addr_t*)addr;
+    uct_usnic_channel_id_t id;
+
+    for (id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
+        if_addr->ports[id] = iface->channels[id].addr.sin_port;
+    }
+    if_addr->incarnation = iface->incarnation;
+    return UCS_OK;
+}
+
+static int uct_usnic_in_addr_is_loopback(uint32_t in_addr)
+{
+    return (ntohl(in_addr) >> 24) == IN_LOOPBACKNET;
+}
+
+static int
+uct_usnic_iface_is_reachable_v2(const uct_iface_h tl_iface,
+                                const uct_iface_is_reachable_params_t *params)
+{
+    uct_usnic_iface_t *iface = ucs_derived_of(tl_iface, uct_usnic_iface_t);
+    const uct_usnic_device_addr_t *local = &iface->dev_addr;
+    const uct_usnic_device_addr_t *remote;
+    const uct_usnic_iface_addr_t *if_addr;
+    size_t dev_addr_len, iface_addr_len;
+    uint32_t mask;
+
+    if (!uct_iface_is_reachable_params_valid(
+                params, UCT_IFACE_IS_REACHABLE_FIELD_DEVICE_ADDR)) {
+        return 0;
+    }
+
+    dev_addr_len = UCT_USNIC_REACHABLE_LENGTH(params, device_addr_length,
+                                              DEVICE_ADDR_LENGTH,
+                                              sizeof(*remote));
+    remote       = (const uct_usnic_device_addr_t*)params->device_addr;
+    if ((dev_addr_len < sizeof(*remote)) ||
+        (remote->magic != UCT_USNIC_DEV_ADDR_MAGIC) ||
+        (remote->prefix_len > 32)) {
+        uct_iface_fill_info_str_buf(params, "not a usnic device address");
+        return 0;
+    }
+
+    if (params->field_mask & UCT_IFACE_IS_REACHABLE_FIELD_IFACE_ADDR) {
+        iface_addr_len = UCT_USNIC_REACHABLE_LENGTH(params, iface_addr_length,
+                                                    IFACE_ADDR_LENGTH,
+                                                    sizeof(*if_addr));
+        if_addr        = (const uct_usnic_iface_addr_t*)params->iface_addr;
+        if ((iface_addr_len < sizeof(*if_addr)) || (if_addr == NULL) ||
+            (if_addr->ports[UCT_USNIC_CHANNEL_PRIO] == 0) ||
+            (if_addr->ports[UCT_USNIC_CHANNEL_DATA] == 0)) {
+            uct_iface_fill_info_str_buf(params, "invalid usnic iface address");
+            return 0;
+        }
+    }
+
+    if (UCT_USNIC_REACHABLE_SCOPE(params) ==
+        UCT_IFACE_REACHABILITY_SCOPE_DEVICE) {
+        if (remote->in_addr != local->in_addr) {
+            uct_iface_fill_info_str_buf(params, "different device");
+            return 0;
+        }
+    }
+
+    /* 127.0.0.0/8 leads to the peer only inside the same network namespace */
+    if (uct_usnic_in_addr_is_loopback(local->in_addr) ||
+        uct_usnic_in_addr_is_loopback(remote->in_addr)) {
+        if (remote->ns_id != local->ns_id) {
+            uct_iface_fill_info_str_buf(params,
+                                        "loopback in another network "
+                                        "namespace or host");
+            return 0;
+        }
+        return 1;
+    }
+
+    mask = (local->prefix_len == 0) ? 0 :
+           htonl(UINT32_MAX << (32 - local->prefix_len));
+    if ((remote->in_addr & mask) != (local->in_addr & mask)) {
+        uct_iface_fill_info_str_buf(params, "different subnet");
+        return 0;
+    }
+
+    return 1;
+}
+UCT_USNIC_IFACE_IS_REACHABLE_ADAPTER(uct_usnic_iface_is_reachable_v2)
+
+static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
+{
+    uct_usnic_iface_t *iface = ucs_derived_of(tl_iface, uct_usnic_iface_t);
+    unsigned count;
+
+    count  = uct_usnic_channel_progress(&iface->channels[UCT_USNIC_CHANNEL_PRIO],
+                                        iface->config.max_poll);
+    count += uct_usnic_channel_progress(&iface->channels[UCT_USNIC_CHANNEL_DATA],
+                                        iface->config.max_poll);
+    return count;
+}
+
+static ucs_status_t uct_usnic_iface_rx(uct_usnic_channel_t *channel,
+                                       uct_usnic_rx_desc_t *desc, void *data,
+                                       size_t length)
+{
+    uct_usnic_iface_t *iface = ucs_derived_of(channel->iface,
+                                              uct_usnic_iface_t);
+
+    ucs_trace_data("%s: dropping datagram of %zu bytes", channel->name,
+                   length);
+    ++iface->stats.rx_drop[UCT_USNIC_RX_DROP_INVALID];
+    return UCS_OK;
+}
+
+/* Network prefix length of the interface that holds in_addr */
+static uint8_t uct_usnic_prefix_len(uint32_t in_addr)
+{
+    struct ifaddrs *ifaddrs, *ifa;
+    uint8_t prefix_len = 32;
+
+    if (getifaddrs(&ifaddrs) != 0) {
+        ucs_debug("getifaddrs() failed: %m");
+        return prefix_len;
+    }
+
+    for (ifa = ifaddrs; ifa != NULL; ifa = ifa->ifa_next) {
+        if ((ifa->ifa_addr != NULL) && (ifa->ifa_netmask != NULL) &&
+            (ifa->ifa_addr->sa_family == AF_INET) &&
+            (((struct sockaddr_in*)ifa->ifa_addr)->sin_addr.s_addr ==
+             in_addr)) {
+            prefix_len = ucs_count_one_bits(
+                ((struct sockaddr_in*)ifa->ifa_netmask)->sin_addr.s_addr);
+            break;
+        }
+    }
+
+    freeifaddrs(ifaddrs);
+    return prefix_len;
+}
+
+/* Link speed from sysfs for a netdev-named domain, in bits/s */
+static double uct_usnic_link_speed(const char *dev_name)
+{
+    long speed_mbps;
+
+    if (ucs_read_file_number(&speed_mbps, 1, "/sys/class/net/%s/speed",
+                             dev_name) != UCS_OK) {
+        return UCT_USNIC_DEFAULT_LINK_SPEED;
+    }
+
+    return (speed_mbps > 0) ? (speed_mbps * 1e6) :
+                              UCT_USNIC_DEFAULT_LINK_SPEED;
+}
+
+static void uct_usnic_iface_init_address(uct_usnic_iface_t *iface,
+                                         const char *dev_name)
+{
+    uct_usnic_device_addr_t *dev_addr = &iface->dev_addr;
+    uct_usnic_channel_t *data         = &iface->channels[UCT_USNIC_CHANNEL_DATA];
+
+    dev_addr->magic      = UCT_USNIC_DEV_ADDR_MAGIC;
+    dev_addr->in_addr    = data->addr.sin_addr.s_addr;
+    dev_addr->prefix_len = uct_usnic_prefix_len(dev_addr->in_addr);
+    dev_addr->ns_id      = ucs_get_system_id() ^
+                           (ucs_sys_get_ns(UCS_SYS_NS_TYPE_NET) *
+                            0x9e3779b97f4a7c15ul);
+    iface->incarnation   = ucs_generate_uuid((uintptr_t)iface);
+    iface->bandwidth     = uct_usnic_link_speed(dev_name) / 8 *
+                           iface->config.mtu /
+                           (iface->config.mtu + UCT_USNIC_WIRE_OVERHEAD);
+}
+
+static ucs_status_t uct_usnic_iface_open_av(uct_usnic_iface_t *iface,
+                                            uct_usnic_md_t *md)
+{
+    struct fi_av_attr av_attr = {
+        .type  = FI_AV_TABLE,
+        .count = 256
+    };
+    int ret;
+
+    ret = fi_av_open(md->domain, &av_attr, &iface->av, NULL);
+    if (ret != 0) {
+        ucs_error("fi_av_open(%s) failed: %s", md->info->domain_attr->name,
+                  fi_strerror(-ret));
+        return UCS_ERR_IO_ERROR;
+    }
+
+    return UCS_OK;
+}
+
+static void uct_usnic_iface_close_av(uct_usnic_iface_t *iface)
+{
+    int ret;
+
+    ret = fi_close(&iface->av->fid);
+    if (ret != 0) {
+        ucs_warn("fi_close(av) failed: %s", fi_strerror(-ret));
+    }
+}
+
+static ucs_status_t
+uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
+                              const uct_iface_params_t *params,
+                              const uct_usnic_iface_config_t *config)
+{
+    uct_usnic_channel_params_t ch_params[UCT_USNIC_CHANNEL_LAST] = {
+        [UCT_USNIC_CHANNEL_PRIO] = {
+            .name         = "prio",
+            .rx_queue_len = config->prio_rx_queue_len,
+            .rx_headroom  = 0
+        },
+        [UCT_USNIC_CHANNEL_DATA] = {
+            .name         = "data",
+            .rx_queue_len = config->rx_queue_len,
+            .rx_headroom  = UCT_IFACE_PARAM_VALUE(params, rx_headroom,
+                                                  RX_HEADROOM, 0)
+        }
+    };
+    uct_usnic_channel_id_t id;
+    ucs_status_t status;
+
+    for (id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
+        ch_params[id].tx_queue_len = config->tx_queue_len;
+        ch_params[id].rx_batch     = config->rx_post_batch;
+        ch_params[id].max_msg_size = iface->config.mtu;
+        ch_params[id].rx_mpool     = &config->rx_mpool;
+        ch_params[id].rx_cb        = uct_usnic_iface_rx;
+
+        status = uct_usnic_channel_init(&iface->channels[id], &iface->super,
+                                        md->info, md->domain, iface->av,
+                                        &ch_params[id]);
+        if (status != UCS_OK) {
+            goto err_cleanup;
+        }
+    }
+
+    return UCS_OK;
+
+err_cleanup:
+    while (id-- > 0) {
+        uct_usnic_channel_cleanup(&iface->channels[id]);
+    }
+    return status;
+}
+
+static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t);
+
+static uct_iface_ops_t uct_usnic_iface_ops = {
+    .ep_flush                 = UCT_USNIC_STUB(uct_ep_flush_func_t,
+                                               ucs_empty_function_return_success),
+    .ep_fence                 = uct_base_ep_fence,
+    .ep_destroy               = UCT_USNIC_STUB(uct_ep_destroy_func_t,
+                                               ucs_empty_function),
+    .iface_flush              = uct_base_iface_flush,
+    .iface_fence              = uct_base_iface_fence,
+    .iface_progress_enable    = uct_base_iface_progress_enable,
+    .iface_progress_disable   = uct_base_iface_progress_disable,
+    .iface_progress           = uct_usnic_iface_progress,
+    .iface_close              = UCS_CLASS_DELETE_FUNC_NAME(uct_usnic_iface_t),
+    .iface_query              = uct_usnic_iface_query,
+    .iface_get_device_address = uct_usnic_iface_get_device_address,
+    .iface_get_address        = uct_usnic_iface_get_address,
+    .iface_is_reachable       = UCT_USNIC_IFACE_IS_REACHABLE(
+                                        uct_usnic_iface_is_reachable_v2)
+};
+
+static uct_iface_internal_ops_t uct_usnic_iface_internal_ops =
+        UCT_USNIC_IFACE_INTERNAL_OPS(uct_base_iface_estimate_perf,
+                                     uct_usnic_iface_is_reachable_v2,
+                                     UCT_USNIC_STUB(uct_ep_is_connected_func_t,
+                                                    ucs_empty_function_return_zero_int),
+                                     UCT_USNIC_STUB(uct_ep_invalidate_func_t,
+                                                    ucs_empty_function_return_unsupported));
+
+static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
+                           uct_worker_h worker,
+                           const uct_iface_params_t *params,
+                           const uct_iface_config_t *tl_config)
+{
+    uct_usnic_md_t *md = ucs_derived_of(tl_md, uct_usnic_md_t);
+    const uct_usnic_iface_config_t *config =
+            ucs_derived_of(tl_config, uct_usnic_iface_config_t);
+    const char *dev_name = md->info->domain_attr->name;
+    ucs_status_t status;
+
+    UCT_CHECK_PARAM(params->field_mask & UCT_IFACE_PARAM_FIELD_OPEN_MODE,
+                    "UCT_IFACE_PARAM_FIELD_OPEN_MODE is not defined");
+    if (!(params->open_mode & UCT_IFACE_OPEN_MODE_DEVICE)) {
+        ucs_error("usnic: only UCT_IFACE_OPEN_MODE_DEVICE is supported");
+        return UCS_ERR_UNSUPPORTED;
+    }
+
+    if (strcmp(params->mode.device.dev_name, dev_name) != 0) {
+        ucs_error("usnic: md %s has no device %s", dev_name,
+                  params->mode.device.dev_name);
+        return UCS_ERR_NO_DEVICE;
+    }
+
+    UCS_CLASS_CALL_SUPER_INIT(uct_base_iface_t, &uct_usnic_iface_ops,
+                              &uct_usnic_iface_internal_ops, tl_md, worker,
+                              params,
+                              tl_config UCS_STATS_ARG(
+                                      (params->field_mask &
+                                       UCT_IFACE_PARAM_FIELD_STATS_ROOT) ?
+                                              params->stats_root :
+                                              NULL)
+                                      UCS_STATS_ARG(dev_name));
+
+    status = uct_usnic_iface_check_config(config, md->info);
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    self->config.mtu      = (config->mtu == UCS_MEMUNITS_AUTO) ?
+                            md->info->ep_attr->max_msg_size : config->mtu;
+    self->config.max_poll = config->max_poll;
+    memset(&self->stats, 0, sizeof(self->stats));
+
+    status = uct_usnic_iface_open_av(self, md);
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    status = uct_usnic_iface_init_channels(self, md, params, config);
+    if (status != UCS_OK) {
+        goto err_close_av;
+    }
+
+    uct_usnic_iface_init_address(self, dev_name);
+    ucs_debug("usnic iface %p: device %s mtu %zu", self, dev_name,
+              self->config.mtu);
+    return UCS_OK;
+
+err_close_av:
+    uct_usnic_iface_close_av(self);
+    return status;
+}
+
+static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t)
+{
+    uct_usnic_channel_id_t id;
+
+    uct_base_iface_progress_disable(&self->super.super,
+                                    UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
+
+    for (id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
+        uct_usnic_channel_cleanup(&self->channels[id]);
+    }
+
+    uct_usnic_iface_close_av(self);
+}
+
+UCS_CLASS_DEFINE(uct_usnic_iface_t, uct_base_iface_t);
+
+static UCS_CLASS_DEFINE_NEW_FUNC(uct_usnic_iface_t, uct_iface_t, uct_md_h,
+                                 uct_worker_h, const uct_iface_params_t*,
+                                 const uct_iface_config_t*);
+
+static UCS_CLASS_DEFINE_DELETE_FUNC(uct_usnic_iface_t, uct_iface_t);
+
+UCT_TL_DEFINE_ENTRY(&uct_usnic_component, usnic, uct_usnic_md_query_devices,
+                    uct_usnic_iface_t, "USNIC_", uct_usnic_iface_config_table,
+                    uct_usnic_iface_config_t);
+
+UCT_SINGLE_TL_INIT(&uct_usnic_component, usnic, ctor, , )

@@ -1,0 +1,463 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#ifdef HAVE_CONFIG_H
+#  include "config.h"
+#endif
+
+#include "usnic_md.h"
+
+#include <ucs/debug/log.h>
+#include <ucs/debug/memtrack_int.h>
+#include <ucs/sys/string.h>
+
+#include <rdma/fi_errno.h>
+#include <netinet/in.h>
+
+
+static ucs_config_field_t uct_usnic_md_config_table[] = {
+    {"", "", NULL,
+     ucs_offsetof(uct_usnic_md_config_t, super),
+     UCS_CONFIG_TYPE_TABLE(uct_md_config_table)},
+
+    {"PROVIDER", UCT_USNIC_PROVIDER_AUTO,
+     "libfabric provider whose FI_EP_DGRAM endpoints carry the traffic.\n"
+     "\"auto\" selects \"usnic\" (Cisco VIC) when it is present, otherwise\n"
+     "\"udp\". Any provider offering FI_EP_DGRAM with IPv4 addresses works.",
+     ucs_offsetof(uct_usnic_md_config_t, provider), UCS_CONFIG_TYPE_STRING},
+
+    {NULL}
+};
+
+
+static struct fi_info *uct_usnic_fi_hints(const char *provider,
+                                          const char *domain_name)
+{
+    struct fi_info *hints;
+
+    hints = fi_allocinfo();
+    if (hints == NULL) {
+        return NULL;
+    }
+
+    hints->caps                 = FI_MSG;
+    /* usNIC writes its own headers in front of every message */
+    hints->mode                 = FI_CONTEXT | FI_MSG_PREFIX;
+    hints->addr_format          = FI_SOCKADDR_IN;
+    hints->ep_attr->type        = FI_EP_DGRAM;
+    hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED |
+                                  FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+    hints->domain_attr->av_type = FI_AV_TABLE;
+
+    if (provider != NULL) {
+        hints->fabric_attr->prov_name = strdup(provider);
+        if (hints->fabric_attr->prov_name == NULL) {
+            goto err_free;
+        }
+    }
+
+    if (domain_name != NULL) {
+        hints->domain_attr->name = strdup(domain_name);
+        if (hints->domain_attr->name == NULL) {
+            goto err_free;
+        }
+    }
+
+    return hints;
+
+err_free:
+    fi_freeinfo(hints);
+    return NULL;
+}
+
+/* Names of the providers that offer datagram endpoints, for error messages */
+static void uct_usnic_dgram_providers(char *buf, size_t max)
+{
+    struct fi_info *hints, *list, *info;
+    char *p;
+    int ret;
+
+    ucs_strncpy_safe(buf, "none", max);
+
+    hints = uct_usnic_fi_hints(NULL, NULL);
+    if (hints == NULL) {
+        return;
+    }
+
+    ret = fi_getinfo(UCT_USNIC_FI_VERSION, NULL, NULL, 0, hints, &list);
+    fi_freeinfo(hints);
+    if (ret != 0) {
+        return;
+    }
+
+    p  = buf;
+    *p = '\0';
+    for (info = list; info != NULL; info = info->next) {
+        if (strstr(buf, info->fabric_attr->prov_name) == NULL) {
+            snprintf(p, buf + max - p, "%s%s", (p == buf) ? "" : ",",
+                     info->fabric_attr->prov_name);
+            p += strlen(p);
+        }
+    }
+
+    fi_freeinfo(list);
+}
+
+static ucs_status_t
+uct_usnic_fi_getinfo_provider(const char *provider, const char *domain_name,
+                              struct fi_info **info_p)
+{
+    struct fi_info *hints;
+    int ret;
+
+    hints = uct_usnic_fi_hints(provider, domain_name);
+    if (hints == NULL) {
+        ucs_error("failed to allocate libfabric hints");
+        return UCS_ERR_NO_MEMORY;
+    }
+
+    ret = fi_getinfo(UCT_USNIC_FI_VERSION, NULL, NULL, 0, hints, info_p);
+    fi_freeinfo(hints);
+    if (ret == -FI_ENODATA) {
+        return UCS_ERR_NO_DEVICE;
+    } else if (ret != 0) {
+        ucs_error("fi_getinfo(provider %s) failed: %s", provider,
+                  fi_strerror(-ret));
+        return UCS_ERR_IO_ERROR;
+    }
+
+    return UCS_OK;
+}
+
+/*
+ * Find the DGRAM domains of the configured provider (all of them, or the one
+ * named domain_name). With "auto", prefer usnic hardware over plain UDP.
+ */
+static ucs_status_t uct_usnic_fi_getinfo(const char *provider,
+                                         const char *domain_name,
+                                         struct fi_info **info_p)
+{
+    static const char *auto_providers[] = {"usnic", "udp"};
+    char available[128];
+    ucs_status_t status;
+    unsigned i;
+
+    if (strcmp(provider, UCT_USNIC_PROVIDER_AUTO) != 0) {
+        status = uct_usnic_fi_getinfo_provider(provider, domain_name, info_p);
+        if (status == UCS_ERR_NO_DEVICE) {
+            uct_usnic_dgram_providers(available, sizeof(available));
+            ucs_error("UCX_USNIC_PROVIDER=%s: libfabric %u.%u has no such "
+                      "provider offering FI_EP_DGRAM with IPv4 addresses%s%s "
+                      "(providers with datagram endpoints: %s)",
+                      provider, FI_MAJOR(fi_version()),
+                      FI_MINOR(fi_version()),
+                      (domain_name != NULL) ? " on " : "",
+                      (domain_name != NULL) ? domain_name : "", available);
+        }
+        return status;
+    }
+
+    for (i = 0; i < ucs_static_array_size(auto_providers); ++i) {
+        status = uct_usnic_fi_getinfo_provider(auto_providers[i], domain_name,
+                                               info_p);
+        if (status != UCS_ERR_NO_DEVICE) {
+            return status;
+        }
+
+        ucs_debug("libfabric provider %s offers no datagram endpoints%s%s",
+                  auto_providers[i], (domain_name != NULL) ? " on " : "",
+                  (domain_name != NULL) ? domain_name : "");
+    }
+
+    return UCS_ERR_NO_DEVICE;
+}
+
+static ucs_status_t
+uct_usnic_query_md_resources(uct_component_t *component,
+                             uct_md_resource_desc_t **resources_p,
+                             unsigned *num_resources_p)
+{
+    uct_md_resource_desc_t *resources = NULL;
+    unsigned num_resources            = 0;
+    uct_usnic_md_config_t *md_config;
+    struct fi_info *list, *info;
+    const char *name;
+    ucs_status_t status;
+    unsigned i;
+
+    status = uct_md_config_read(component, NULL, NULL,
+                                (uct_md_config_t**)&md_config);
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    status = uct_usnic_fi_getinfo(md_config->provider, NULL, &list);
+    uct_config_release(md_config);
+    if (status == UCS_ERR_NO_DEVICE) {
+        return uct_md_query_empty_md_resource(resources_p, num_resources_p);
+    } else if (status != UCS_OK) {
+        return status;
+    }
+
+    for (info = list; info != NULL; info = info->next) {
+        name = info->domain_attr->name;
+        for (i = 0; i < num_resources; ++i) {
+            if (!strcmp(resources[i].md_name, name)) {
+                break;
+            }
+        }
+
+        if (i < num_resources) {
+            continue; /* one MD per domain, whatever the number of fabrics */
+        }
+
+        if (strlen(name) >= UCT_MD_NAME_MAX) {
+            ucs_debug("skipping libfabric domain %s: name too long", name);
+            continue;
+        }
+
+        resources = ucs_realloc(resources,
+                                sizeof(*resources) * (num_resources + 1),
+                                "usnic_md_resources");
+        if (resources == NULL) {
+            fi_freeinfo(list);
+            ucs_error("failed to allocate usnic MD resources");
+            return UCS_ERR_NO_MEMORY;
+        }
+
+        ucs_strncpy_zero(resources[num_resources++].md_name, name,
+                         UCT_MD_NAME_MAX);
+    }
+
+    fi_freeinfo(list);
+    *resources_p     = resources;
+    *num_resources_p = num_resources;
+    return UCS_OK;
+}
+
+static ucs_status_t uct_usnic_md_query(uct_md_h uct_md,
+                                       uct_md_attr_v2_t *md_attr)
+{
+    uct_md_base_md_query(md_attr);
+    md_attr->flags            = UCT_MD_FLAG_REG;
+    md_attr->reg_mem_types    = UCS_BIT(UCS_MEMORY_TYPE_HOST);
+    md_attr->access_mem_types = UCS_BIT(UCS_MEMORY_TYPE_HOST);
+    md_attr->reg_cost         = ucs_linear_func_make(1e-7, 0);
+    return UCS_OK;
+}
+UCT_USNIC_MD_QUERY_ADAPTER(uct_usnic_md_query)
+
+static ucs_status_t
+uct_usnic_mem_reg(uct_md_h uct_md, void *address, size_t length,
+                  const uct_md_mem_reg_params_t *params, uct_mem_h *memh_p)
+{
+    uct_usnic_md_t *md = ucs_derived_of(uct_md, uct_usnic_md_t);
+    uct_usnic_memh_t *memh;
+    int ret;
+
+    memh = ucs_malloc(sizeof(*memh), "usnic_memh");
+    if (memh == NULL) {
+        ucs_error("failed to allocate usnic memory handle");
+        return UCS_ERR_NO_MEMORY;
+    }
+
+    memh->address = address;
+    memh->length  = length;
+    memh->mr      = NULL;
+
+    if (md->mr_local) {
+        ret = fi_mr_reg(md->domain, address, length, FI_SEND | FI_RECV, 0, 0,
+                        0, &memh->mr, NULL);
+        if (ret != 0) {
+            ucs_error("fi_mr_reg(address %p length %zu) failed: %s", address,
+                      length, fi_strerror(-ret));
+            ucs_free(memh);
+            return UCS_ERR_IO_ERROR;
+        }
+    }
+
+    *memh_p = memh;
+    return UCS_OK;
+}
+UCT_USNIC_MEM_REG_ADAPTER(uct_usnic_mem_reg)
+
+static ucs_status_t
+uct_usnic_mem_dereg(uct_md_h uct_md, const uct_md_mem_dereg_params_t *params)
+{
+    uct_usnic_memh_t *memh;
+    int ret;
+
+    UCT_MD_MEM_DEREG_CHECK_PARAMS(params, 0);
+
+    memh = params->memh;
+    if (memh->mr != NULL) {
+        ret = fi_close(&memh->mr->fid);
+        if (ret != 0) {
+            ucs_warn("fi_close(mr %p) failed: %s", memh->mr,
+                     fi_strerror(-ret));
+        }
+    }
+
+    ucs_free(memh);
+    return UCS_OK;
+}
+
+static ucs_status_t
+uct_usnic_mkey_pack(uct_md_h uct_md, uct_mem_h memh, void *address,
+                    size_t length, const uct_md_mkey_pack_params_t *params,
+                    void *buffer)
+{
+    /* Nothing to pack until remote access exists */
+    return UCS_OK;
+}
+UCT_USNIC_MKEY_PACK_ADAPTER(uct_usnic_mkey_pack)
+
+static ucs_status_t
+uct_usnic_rkey_unpack(uct_component_t *component, const void *buffer,
+                      const uct_rkey_unpack_params_t *params,
+                      uct_rkey_t *rkey_p, void **handle_p)
+{
+    *rkey_p   = 0;
+    *handle_p = NULL;
+    return UCS_OK;
+}
+UCT_USNIC_RKEY_UNPACK_ADAPTER(uct_usnic_rkey_unpack)
+
+static void uct_usnic_md_close(uct_md_h uct_md)
+{
+    uct_usnic_md_t *md = ucs_derived_of(uct_md, uct_usnic_md_t);
+    int ret;
+
+    ret = fi_close(&md->domain->fid);
+    if (ret != 0) {
+        ucs_warn("fi_close(domain %s) failed: %s", md->info->domain_attr->name,
+                 fi_strerror(-ret));
+    }
+
+    ret = fi_close(&md->fabric->fid);
+    if (ret != 0) {
+        ucs_warn("fi_close(fabric %s) failed: %s", md->info->fabric_attr->name,
+                 fi_strerror(-ret));
+    }
+
+    fi_freeinfo(md->info);
+    ucs_free(md);
+}
+
+static uct_md_ops_t uct_usnic_md_ops = {
+    .close              = uct_usnic_md_close,
+    .query              = UCT_USNIC_MD_QUERY(uct_usnic_md_query),
+    .mem_alloc          = UCT_USNIC_STUB(uct_md_mem_alloc_func_t,
+                                         ucs_empty_function_return_unsupported),
+    .mem_free           = UCT_USNIC_STUB(uct_md_mem_free_func_t,
+                                         ucs_empty_function_return_unsupported),
+    .mem_advise         = UCT_USNIC_STUB(uct_md_mem_advise_func_t,
+                                         ucs_empty_function_return_unsupported),
+    .mem_reg            = UCT_USNIC_MEM_REG(uct_usnic_mem_reg),
+    .mem_dereg          = uct_usnic_mem_dereg,
+    .mem_query          = UCT_USNIC_STUB(uct_md_mem_query_func_t,
+                                         ucs_empty_function_return_unsupported),
+    .mkey_pack          = UCT_USNIC_MKEY_PACK(uct_usnic_mkey_pack),
+    .detect_memory_type = UCT_USNIC_STUB(uct_md_detect_memory_type_func_t,
+                                         ucs_empty_function_return_unsupported),
+    UCT_USNIC_MD_OPS_VERSIONED
+};
+
+static ucs_status_t
+uct_usnic_md_open(uct_component_t *component, const char *md_name,
+                  const uct_md_config_t *uct_md_config, uct_md_h *md_p)
+{
+    const uct_usnic_md_config_t *md_config =
+            ucs_derived_of(uct_md_config, uct_usnic_md_config_t);
+    uct_usnic_md_t *md;
+    ucs_status_t status;
+    int ret;
+
+    md = ucs_calloc(1, sizeof(*md), "usnic_md");
+    if (md == NULL) {
+        ucs_error("failed to allocate usnic MD");
+        return UCS_ERR_NO_MEMORY;
+    }
+
+    status = uct_usnic_fi_getinfo(md_config->provider, md_name, &md->info);
+    if (status == UCS_ERR_NO_DEVICE) {
+        ucs_error("usnic: no libfabric datagram domain %s (provider %s)",
+                  md_name, md_config->provider);
+        goto err_free_md;
+    } else if (status != UCS_OK) {
+        goto err_free_md;
+    }
+
+    ret = fi_fabric(md->info->fabric_attr, &md->fabric, NULL);
+    if (ret != 0) {
+        ucs_error("fi_fabric(%s) failed: %s", md->info->fabric_attr->name,
+                  fi_strerror(-ret));
+        status = UCS_ERR_IO_ERROR;
+        goto err_free_info;
+    }
+
+    ret = fi_domain(md->fabric, md->info, &md->domain, NULL);
+    if (ret != 0) {
+        ucs_error("fi_domain(%s) failed: %s", md_name, fi_strerror(-ret));
+        status = UCS_ERR_IO_ERROR;
+        goto err_close_fabric;
+    }
+
+    md->mr_local         = !!(md->info->domain_attr->mr_mode & FI_MR_LOCAL);
+    md->super.ops        = &uct_usnic_md_ops;
+    md->super.component  = &uct_usnic_component;
+    *md_p                = &md->super;
+
+    ucs_debug("usnic md %s: provider %s fabric %s", md_name,
+              md->info->fabric_attr->prov_name, md->info->fabric_attr->name);
+    return UCS_OK;
+
+err_close_fabric:
+    fi_close(&md->fabric->fid);
+err_free_info:
+    fi_freeinfo(md->info);
+err_free_md:
+    ucs_free(md);
+    return status;
+}
+
+ucs_status_t uct_usnic_md_query_devices(uct_md_h uct_md,
+                                        uct_tl_device_resource_t **devices_p,
+                                        unsigned *num_devices_p)
+{
+    uct_usnic_md_t *md = ucs_derived_of(uct_md, uct_usnic_md_t);
+
+    return uct_single_device_resource(uct_md, md->info->domain_attr->name,
+                                      UCT_DEVICE_TYPE_NET,
+                                      UCS_SYS_DEVICE_ID_UNKNOWN, devices_p,
+                                      num_devices_p);
+}
+
+uct_component_t uct_usnic_component = {
+    .query_md_resources = uct_usnic_query_md_resources,
+    .md_open            = uct_usnic_md_open,
+    .cm_open            = UCT_USNIC_STUB(uct_component_cm_open_func_t,
+                                         ucs_empty_function_return_unsupported),
+    .rkey_unpack        = UCT_USNIC_RKEY_UNPACK(uct_usnic_rkey_unpack),
+    .rkey_ptr           = UCT_USNIC_STUB(uct_component_rkey_ptr_func_t,
+                                         ucs_empty_function_return_unsupported),
+    .rkey_release       = UCT_USNIC_STUB(uct_component_rkey_release_func_t,
+                                         ucs_empty_function_return_success),
+    UCT_USNIC_COMPONENT_RKEY_COMPARE
+    .name               = "usnic",
+    .md_config          = {
+        .name           = "usnic memory domain",
+        .prefix         = "USNIC_",
+        .table          = uct_usnic_md_config_table,
+        .size           = sizeof(uct_usnic_md_config_t),
+    },
+    .cm_config          = UCS_CONFIG_EMPTY_GLOBAL_LIST_ENTRY,
+    .tl_list            = UCT_COMPONENT_TL_LIST_INITIALIZER(
+                                  &uct_usnic_component),
+    .flags              = 0,
+    .md_vfs_init        = UCT_USNIC_STUB(uct_component_md_vfs_init_func_t,
+                                         ucs_empty_function)
+};
