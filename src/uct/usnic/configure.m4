@@ -5,7 +5,7 @@
 
 #
 # usnic transport: reliable, ordered AM and PUT over libfabric datagram
-# endpoints (FI_EP_DGRAM). Needs libfabric; hwloc is optional.
+# endpoints (FI_EP_DGRAM). Needs libfabric.
 #
 usnic_happy="no"
 AC_ARG_WITH([usnic],
@@ -38,16 +38,6 @@ AS_IF([test "x$with_usnic" != xno],
                                      [usnic_happy="yes"],
                                      [usnic_missing="libfabric library (fi_getinfo in -lfabric)"])],
                        [usnic_missing="libfabric headers (rdma/fabric.h)"])
-
-       AS_IF([test "x$usnic_happy" = xyes],
-             [# What differs between libfabric 1.x and 2.x is found by
-              # feature, not by version number
-              AC_CHECK_DECLS([FI_AV_MAP, FI_MR_BASIC, FI_WAIT_SET],
-                             [], [], [[#include <rdma/fabric.h>
-                                       #include <rdma/fi_domain.h>
-                                       #include <rdma/fi_eq.h>]])
-              AC_CHECK_HEADERS([rdma/fi_ext_usnic.h], [], [],
-                               [[#include <rdma/fabric.h>]])])
 
        CPPFLAGS="$save_CPPFLAGS"
        LDFLAGS="$save_LDFLAGS"

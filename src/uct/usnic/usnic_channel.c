@@ -12,6 +12,7 @@
 #include "usnic_md.h"
 
 #include <ucs/debug/log.h>
+#include <ucs/arch/cpu.h>
 #include <ucs/sys/sock.h>
 
 #include <rdma/fi_cm.h>
@@ -223,6 +224,7 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                                     const uct_usnic_channel_params_t *params)
 {
     char addr_str[UCS_SOCKADDR_STRING_LEN];
+    size_t align, align_offset;
     ucs_status_t status;
 
     channel->iface        = iface;
@@ -238,6 +240,21 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                             params->rx_headroom + channel->prefix_size;
     ucs_list_head_init(&channel->rx_posted_list);
 
+    if (params->am_params != NULL) {
+        status = uct_iface_param_am_alignment(params->am_params,
+                                              channel->max_msg_size,
+                                              channel->rx_offset,
+                                              channel->rx_offset +
+                                              params->am_offset,
+                                              &align, &align_offset);
+        if (status != UCS_OK) {
+            return status;
+        }
+    } else {
+        align        = UCS_SYS_CACHE_LINE_SIZE;
+        align_offset = channel->rx_offset;
+    }
+
     status = uct_usnic_channel_open_ep(channel, info, domain, av,
                                        params->rx_queue_len +
                                        params->tx_queue_len);
@@ -247,7 +264,7 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
 
     status = uct_iface_mpool_init(iface, &channel->rx_mp,
                                   channel->rx_offset + channel->max_msg_size,
-                                  0, UCS_SYS_CACHE_LINE_SIZE,
+                                  align_offset, align,
                                   params->rx_mpool, params->rx_queue_len,
                                   uct_usnic_rx_desc_init, params->name);
     if (status != UCS_OK) {

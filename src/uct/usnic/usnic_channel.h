@@ -50,6 +50,10 @@ typedef struct uct_usnic_channel_params {
     unsigned                  rx_batch;      /* Repost granularity */
     size_t                    rx_headroom;   /* Room in front of the prefix */
     size_t                    max_msg_size;  /* Datagram size, no prefix */
+    /* Where AM payload starts in a datagram, and the iface parameters with
+     * its alignment request; NULL for a channel that carries no payload */
+    size_t                    am_offset;
+    const uct_iface_params_t  *am_params;
     const uct_iface_mpool_config_t *rx_mpool;
     uct_usnic_channel_rx_cb_t rx_cb;
 } uct_usnic_channel_params_t;

@@ -89,19 +89,6 @@
                                  ucs_empty_function_return_unsupported) \
     }
 
-#define UCT_USNIC_PERF_SET_BANDWIDTH(_perf_attr, _bw) \
-    do { \
-        if ((_perf_attr)->field_mask & UCT_PERF_ATTR_FIELD_BANDWIDTH) { \
-            (_perf_attr)->bandwidth = (_bw); \
-        } \
-        if ((_perf_attr)->field_mask & UCT_PERF_ATTR_FIELD_PATH_BANDWIDTH) { \
-            (_perf_attr)->path_bandwidth = (_bw); \
-        } \
-    } while (0)
-
-#define UCT_USNIC_AM_SHORT_FILL_DATA(_buf, _hdr, _payload, _length) \
-    uct_am_short_fill_data(_buf, _hdr, _payload, _length, \
-                           UCS_ARCH_MEMCPY_NT_NONE)
 
 #else /* UCX older than 1.22: 1.13 layout */
 
@@ -147,10 +134,6 @@ typedef enum {
     UCT_IFACE_REACHABILITY_SCOPE_NETWORK,
     UCT_IFACE_REACHABILITY_SCOPE_DEVICE
 } uct_iface_reachability_scope_t;
-
-enum {
-    UCT_IFACE_IS_REACHABLE_FIELD_SCOPE = UCS_BIT(4)
-};
 
 #define UCT_IFACE_FLAG_INTER_NODE 0
 
@@ -264,14 +247,6 @@ static UCS_F_MAYBE_UNUSED void uct_md_base_md_query(uct_md_attr_v2_t *md_attr)
         .ep_invalidate       = _ep_invalidate \
     }
 
-#define UCT_USNIC_PERF_SET_BANDWIDTH(_perf_attr, _bw) \
-    do { \
-        if ((_perf_attr)->field_mask & UCT_PERF_ATTR_FIELD_BANDWIDTH) { \
-            (_perf_attr)->bandwidth = (_bw); \
-        } \
-    } while (0)
-
-#define UCT_USNIC_AM_SHORT_FILL_DATA uct_am_short_fill_data
 
 static UCS_F_MAYBE_UNUSED int
 uct_iface_is_reachable_params_valid(
@@ -322,15 +297,16 @@ uct_iface_fill_info_str_buf(const uct_iface_is_reachable_params_t *params,
 #define UCT_USNIC_REACHABLE_LENGTH(_params, _field, _flag, _default) \
     UCS_PARAM_VALUE(UCT_IFACE_IS_REACHABLE_FIELD, _params, _field, _flag, \
                     _default)
+#define UCT_USNIC_REACHABLE_SCOPE(_params) \
+    UCS_PARAM_VALUE(UCT_IFACE_IS_REACHABLE_FIELD, _params, scope, SCOPE, \
+                    UCT_IFACE_REACHABILITY_SCOPE_NETWORK)
 #define UCT_USNIC_EP_PARAM_LENGTH(_params, _field, _flag, _default) \
     UCT_EP_PARAM_VALUE(_params, _field, _flag, _default)
 #else
 #define UCT_USNIC_REACHABLE_LENGTH(_params, _field, _flag, _default) (_default)
+#define UCT_USNIC_REACHABLE_SCOPE(_params) UCT_IFACE_REACHABILITY_SCOPE_NETWORK
 #define UCT_USNIC_EP_PARAM_LENGTH(_params, _field, _flag, _default)  (_default)
 #endif
 
-#define UCT_USNIC_REACHABLE_SCOPE(_params) \
-    (((_params)->field_mask & UCT_IFACE_IS_REACHABLE_FIELD_SCOPE) ? \
-     (_params)->scope : UCT_IFACE_REACHABILITY_SCOPE_NETWORK)
 
 #endif

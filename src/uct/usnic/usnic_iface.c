@@ -309,7 +309,7 @@ static uint8_t uct_usnic_prefix_len(uint32_t in_addr)
             (ifa->ifa_addr->sa_family == AF_INET) &&
             (((struct sockaddr_in*)ifa->ifa_addr)->sin_addr.s_addr ==
              in_addr)) {
-            prefix_len = ucs_count_one_bits(
+            prefix_len = __builtin_popcount(
                 ((struct sockaddr_in*)ifa->ifa_netmask)->sin_addr.s_addr);
             break;
         }
@@ -395,7 +395,9 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
             .name         = "data",
             .rx_queue_len = config->rx_queue_len,
             .rx_headroom  = UCT_IFACE_PARAM_VALUE(params, rx_headroom,
-                                                  RX_HEADROOM, 0)
+                                                  RX_HEADROOM, 0),
+            .am_offset    = 0,
+            .am_params    = params
         }
     };
     uct_usnic_channel_id_t id;
@@ -425,7 +427,7 @@ err_cleanup:
     return status;
 }
 
-static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t);
+static UCS_CLASS_DECLARE_DELETE_FUNC(uct_usnic_iface_t, uct_iface_t);
 
 static uct_iface_ops_t uct_usnic_iface_ops = {
     .ep_flush                 = UCT_USNIC_STUB(uct_ep_flush_func_t,

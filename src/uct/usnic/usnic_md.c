@@ -110,7 +110,7 @@ static ucs_status_t
 uct_usnic_fi_getinfo_provider(const char *provider, const char *domain_name,
                               struct fi_info **info_p)
 {
-    struct fi_info *hints;
+    struct fi_info *hints, *list, *info;
     int ret;
 
     hints = uct_usnic_fi_hints(provider, domain_name);
@@ -119,7 +119,7 @@ uct_usnic_fi_getinfo_provider(const char *provider, const char *domain_name,
         return UCS_ERR_NO_MEMORY;
     }
 
-    ret = fi_getinfo(UCT_USNIC_FI_VERSION, NULL, NULL, 0, hints, info_p);
+    ret = fi_getinfo(UCT_USNIC_FI_VERSION, NULL, NULL, 0, hints, &list);
     fi_freeinfo(hints);
     if (ret == -FI_ENODATA) {
         return UCS_ERR_NO_DEVICE;
@@ -129,7 +129,21 @@ uct_usnic_fi_getinfo_provider(const char *provider, const char *domain_name,
         return UCS_ERR_IO_ERROR;
     }
 
-    return UCS_OK;
+    if (domain_name == NULL) {
+        *info_p = list;
+        return UCS_OK;
+    }
+
+    /* Providers may treat the domain name as a hint only */
+    for (info = list; info != NULL; info = info->next) {
+        if (!strcmp(info->domain_attr->name, domain_name)) {
+            break;
+        }
+    }
+
+    *info_p = (info == NULL) ? NULL : fi_dupinfo(info);
+    fi_freeinfo(list);
+    return (*info_p == NULL) ? UCS_ERR_NO_DEVICE : UCS_OK;
 }
 
 /*
