@@ -146,8 +146,12 @@ integrate_module() {
             "${ucx}/src/uct/configure.m4"
     grep -q '^SUBDIRS = .* usnic' "${ucx}/src/uct/Makefile.am" ||
         sed -i 's|^SUBDIRS = \..*$|& usnic|' "${ucx}/src/uct/Makefile.am"
-    grep -q '^    usnic, ' "${ucx}/test/gtest/uct/uct_test.h" ||
-        sed -i 's|^    tcp,                     \\$|&\n    usnic,                   \\|' \
+    # usnic joins every generic suite through the macros that instantiate
+    # them, not their transport lists: the preprocessor iteration behind
+    # those lists is already full in UCX 1.22
+    grep -q '_UCT_INSTANTIATE_TEST_CASE(_test_case, usnic)' \
+            "${ucx}/test/gtest/uct/uct_test.h" ||
+        sed -i -E 's#^(    UCS_PP_FOREACH\(_UCT_INSTANTIATE_TEST_CASE, _test_case, UCT_TEST_(TLS|NO_SELF_TLS|NO_GPU_MEM_TYPE_TLS)\))$#\1 \\\n    _UCT_INSTANTIATE_TEST_CASE(_test_case, usnic)#' \
             "${ucx}/test/gtest/uct/uct_test.h"
     grep -q '^                   usnic, \\' "${ucx}/test/gtest/uct/test_md.cc" ||
         sed -i 's|^                   ugni, \\$|&\n                   usnic, \\|' \
@@ -157,7 +161,8 @@ integrate_module() {
             "${ucx}/test/gtest/Makefile.am"
 
     grep -q 'src/uct/usnic/configure.m4' "${ucx}/src/uct/configure.m4" &&
-        grep -q '^    usnic, ' "${ucx}/test/gtest/uct/uct_test.h" &&
+        [ "$(grep -c '_UCT_INSTANTIATE_TEST_CASE(_test_case, usnic)' \
+               "${ucx}/test/gtest/uct/uct_test.h")" -eq 3 ] &&
         grep -q 'include $(srcdir)/uct/usnic/gtest.am' "${ucx}/test/gtest/Makefile.am" ||
         usnic_die "could not integrate the module into ${ucx}: unknown UCX layout"
 
@@ -171,6 +176,26 @@ integrate_module() {
             }
         done
     fi
+}
+
+# UCX builds in automake's maintainer mode off, so a changed Makefile.am is
+# not picked up by make: regenerate just the Makefiles that include ours
+makefiles_hash() {
+    cat "${usnic_top}/src/uct/usnic/Makefile.am" \
+        "${usnic_top}/test/gtest/uct/usnic/gtest.am" | sha1sum | cut -d' ' -f1
+}
+
+refresh_makefiles() {
+    local ucx=$1 stamp=${usnic_obj}/.usnic-makefiles stamp_new
+    stamp_new=$(makefiles_hash)
+    [ -f "${stamp}" ] && [ "$(cat "${stamp}")" = "${stamp_new}" ] && return 0
+
+    usnic_log "regenerating the module's Makefiles"
+    run_logged automake sh -c "cd '${ucx}' && automake --foreign \
+        src/uct/usnic/Makefile test/gtest/Makefile"
+    run_logged config-status sh -c "cd '${usnic_obj}' && ./config.status \
+        src/uct/usnic/Makefile test/gtest/Makefile depfiles"
+    echo "${stamp_new}" >"${stamp}"
 }
 
 configure_ucx() {
@@ -200,6 +225,7 @@ configure_ucx() {
     grep -q '^#define HAVE_TL_USNIC 1' "${usnic_obj}/config.h" ||
         usnic_die "configure did not enable usnic; see ${logs}/configure.log"
     echo "${stamp_new}" >"${stamp}"
+    makefiles_hash >"${usnic_obj}/.usnic-makefiles"
 }
 
 make_ucx() {
@@ -227,6 +253,7 @@ main() {
     sync_module "${ucx}"
     integrate_module "${ucx}"
     configure_ucx "${ucx}"
+    refresh_makefiles "${ucx}"
     make_ucx
     if [ "${usnic_leg}" = default ]; then
         ln -sfn "${usnic_leg}/install" "${usnic_build}/install"

@@ -66,10 +66,13 @@ usnic_apt_install() {
     done
     [ ${#missing[@]} -eq 0 ] && return 0
     usnic_log "installing ${missing[*]}"
+    mkdir -p "${usnic_build}"
     if [ ! -f "${usnic_build}/.apt-updated" ]; then
-        mkdir -p "${usnic_build}"
-        apt-get update -q >/dev/null
+        apt-get update -q >"${usnic_build}/apt.log" 2>&1 ||
+            usnic_die "apt-get update failed; see ${usnic_build}/apt.log"
         touch "${usnic_build}/.apt-updated"
     fi
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" \
+        >>"${usnic_build}/apt.log" 2>&1 ||
+        usnic_die "apt-get install ${missing[*]} failed; see ${usnic_build}/apt.log"
 }

@@ -9,7 +9,6 @@
 #endif
 
 #include "usnic_channel.h"
-#include "usnic_md.h"
 
 #include <ucs/debug/log.h>
 #include <ucs/arch/cpu.h>
@@ -23,12 +22,11 @@
 #define UCT_USNIC_CHANNEL_CQ_BATCH 16
 
 
-static void uct_usnic_rx_desc_init(uct_iface_h iface, void *obj,
-                                   uct_mem_h memh)
+static void uct_usnic_rx_desc_init(void *obj, void *mr_desc)
 {
     uct_usnic_rx_desc_t *desc = obj;
 
-    desc->mr_desc = uct_usnic_memh_desc(memh);
+    desc->mr_desc = mr_desc;
 }
 
 static unsigned uct_usnic_channel_post_recv(uct_usnic_channel_t *channel,
@@ -218,11 +216,10 @@ err_close_cq:
 
 ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                                     uct_base_iface_t *iface,
-                                    const struct fi_info *info,
-                                    struct fid_domain *domain,
-                                    struct fid_av *av,
+                                    uct_usnic_md_t *md, struct fid_av *av,
                                     const uct_usnic_channel_params_t *params)
 {
+    const struct fi_info *info = md->info;
     char addr_str[UCS_SOCKADDR_STRING_LEN];
     size_t align, align_offset;
     ucs_status_t status;
@@ -255,18 +252,19 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
         align_offset = channel->rx_offset;
     }
 
-    status = uct_usnic_channel_open_ep(channel, info, domain, av,
+    status = uct_usnic_channel_open_ep(channel, info, md->domain, av,
                                        params->rx_queue_len +
                                        params->tx_queue_len);
     if (status != UCS_OK) {
         return status;
     }
 
-    status = uct_iface_mpool_init(iface, &channel->rx_mp,
-                                  channel->rx_offset + channel->max_msg_size,
-                                  align_offset, align,
-                                  params->rx_mpool, params->rx_queue_len,
-                                  uct_usnic_rx_desc_init, params->name);
+    status = uct_usnic_md_mpool_init(md, &channel->rx_mp,
+                                     channel->rx_offset +
+                                     channel->max_msg_size,
+                                     align_offset, align, params->rx_mpool,
+                                     params->rx_queue_len,
+                                     uct_usnic_rx_desc_init, params->name);
     if (status != UCS_OK) {
         goto err_close_ep;
     }

@@ -7,7 +7,7 @@
 #ifndef UCT_USNIC_CHANNEL_H
 #define UCT_USNIC_CHANNEL_H
 
-#include "usnic_compat.h"
+#include "usnic_md.h"
 
 #include <ucs/datastruct/list.h>
 #include <ucs/datastruct/mpool.h>
@@ -27,8 +27,8 @@ typedef struct uct_usnic_channel uct_usnic_channel_t;
  * provider's message prefix.
  */
 typedef struct uct_usnic_rx_desc {
-    struct fi_context   ctx;     /* Owned by libfabric while posted */
-    ucs_list_link_t     list;    /* Entry in the channel's posted list */
+    struct fi_context2  ctx;      /* Owned by libfabric while posted */
+    ucs_list_link_t     list;     /* Entry in the channel's posted list */
     void                *mr_desc; /* Local registration, NULL without one */
 } uct_usnic_rx_desc_t;
 
@@ -83,9 +83,7 @@ struct uct_usnic_channel {
 
 ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                                     uct_base_iface_t *iface,
-                                    const struct fi_info *info,
-                                    struct fid_domain *domain,
-                                    struct fid_av *av,
+                                    uct_usnic_md_t *md, struct fid_av *av,
                                     const uct_usnic_channel_params_t *params);
 
 

@@ -21,6 +21,7 @@
 #include <uct/base/uct_component.h>
 #include <uct/base/uct_iface.h>
 #include <uct/base/uct_md.h>
+#include <ucs/datastruct/mpool.h>
 #include <ucs/sys/string.h>
 #include <ucs/sys/stubs.h>
 
@@ -90,6 +91,30 @@
     }
 
 
+static UCS_F_MAYBE_UNUSED ucs_status_t
+uct_usnic_mpool_init(ucs_mpool_t *mp, size_t priv_size, size_t elem_size,
+                     size_t align_offset, size_t alignment,
+                     const uct_iface_mpool_config_t *config, unsigned grow,
+                     ucs_mpool_ops_t *ops, const char *name)
+{
+    ucs_mpool_params_t params;
+
+    ucs_mpool_params_reset(&params);
+    params.priv_size       = priv_size;
+    params.elem_size       = elem_size;
+    params.align_offset    = align_offset;
+    params.alignment       = alignment;
+    params.elems_per_chunk = (config->bufs_grow != 0) ? config->bufs_grow :
+                                                        grow;
+    params.max_chunk_size  = config->max_chunk_size;
+    params.max_elems       = (config->max_bufs < 0) ? UINT_MAX :
+                                                      config->max_bufs;
+    params.grow_factor     = config->grow_factor;
+    params.ops             = ops;
+    params.name            = name;
+    return ucs_mpool_init(&params, mp);
+}
+
 #else /* UCX older than 1.22: 1.13 layout */
 
 /* Parameter structures that 1.13 does not have */
@@ -129,6 +154,7 @@ typedef struct {
 typedef struct {
     uint64_t field_mask;
 } uct_ep_invalidate_params_t;
+
 
 typedef enum {
     UCT_IFACE_REACHABILITY_SCOPE_NETWORK,
@@ -287,6 +313,18 @@ uct_iface_fill_info_str_buf(const uct_iface_is_reachable_params_t *params,
     ucs_vsnprintf_safe(params->info_string, params->info_string_length, fmt,
                        ap);
     va_end(ap);
+}
+
+static UCS_F_MAYBE_UNUSED ucs_status_t
+uct_usnic_mpool_init(ucs_mpool_t *mp, size_t priv_size, size_t elem_size,
+                     size_t align_offset, size_t alignment,
+                     const uct_iface_mpool_config_t *config, unsigned grow,
+                     ucs_mpool_ops_t *ops, const char *name)
+{
+    return ucs_mpool_init(mp, priv_size, elem_size, align_offset, alignment,
+                          (config->bufs_grow != 0) ? config->bufs_grow : grow,
+                          (config->max_bufs < 0) ? UINT_MAX : config->max_bufs,
+                          ops, name);
 }
 
 #endif /* UCX version */

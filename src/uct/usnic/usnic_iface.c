@@ -411,8 +411,7 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
         ch_params[id].rx_cb        = uct_usnic_iface_rx;
 
         status = uct_usnic_channel_init(&iface->channels[id], &iface->super,
-                                        md->info, md->domain, iface->av,
-                                        &ch_params[id]);
+                                        md, iface->av, &ch_params[id]);
         if (status != UCS_OK) {
             goto err_cleanup;
         }

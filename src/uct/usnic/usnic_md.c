@@ -10,6 +10,7 @@
 
 #include "usnic_md.h"
 
+#include <ucs/arch/cpu.h>
 #include <ucs/debug/log.h>
 #include <ucs/debug/memtrack_int.h>
 #include <ucs/sys/string.h>
@@ -44,8 +45,10 @@ static struct fi_info *uct_usnic_fi_hints(const char *provider,
     }
 
     hints->caps                 = FI_MSG;
-    /* usNIC writes its own headers in front of every message */
-    hints->mode                 = FI_CONTEXT | FI_MSG_PREFIX;
+    /* Every posted operation carries a struct fi_context2, and receive
+     * buffers have room for the headers usNIC writes in front of each
+     * message */
+    hints->mode                 = FI_CONTEXT | FI_CONTEXT2 | FI_MSG_PREFIX;
     hints->addr_format          = FI_SOCKADDR_IN;
     hints->ep_attr->type        = FI_EP_DGRAM;
     hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED |
@@ -436,6 +439,105 @@ err_free_info:
 err_free_md:
     ucs_free(md);
     return status;
+}
+
+/* Chunk of a buffer pool, registered as a whole where the provider needs
+ * local registration */
+typedef struct uct_usnic_chunk_hdr {
+    struct fid_mr *mr;
+} UCS_V_ALIGNED(UCS_SYS_CACHE_LINE_SIZE) uct_usnic_chunk_hdr_t;
+
+
+typedef struct uct_usnic_mpool_priv {
+    uct_usnic_md_t             *md;
+    uct_usnic_mpool_obj_init_t obj_init;
+} uct_usnic_mpool_priv_t;
+
+
+static ucs_status_t uct_usnic_mpool_chunk_alloc(ucs_mpool_t *mp,
+                                                size_t *size_p,
+                                                void **chunk_p)
+{
+    uct_usnic_mpool_priv_t *priv = ucs_mpool_priv(mp);
+    size_t size                  = sizeof(uct_usnic_chunk_hdr_t) + *size_p;
+    uct_usnic_chunk_hdr_t *hdr;
+    int ret;
+
+    ret = ucs_posix_memalign((void**)&hdr, UCS_SYS_CACHE_LINE_SIZE, size,
+                             ucs_mpool_name(mp));
+    if (ret != 0) {
+        ucs_error("failed to allocate %zu bytes for %s", size,
+                  ucs_mpool_name(mp));
+        return UCS_ERR_NO_MEMORY;
+    }
+
+    hdr->mr = NULL;
+    if (priv->md->mr_local) {
+        ret = fi_mr_reg(priv->md->domain, hdr, size, FI_SEND | FI_RECV, 0, 0,
+                        0, &hdr->mr, NULL);
+        if (ret != 0) {
+            ucs_error("fi_mr_reg(%s, %zu bytes) failed: %s",
+                      ucs_mpool_name(mp), size, fi_strerror(-ret));
+            ucs_free(hdr);
+            return UCS_ERR_IO_ERROR;
+        }
+    }
+
+    *chunk_p = hdr + 1;
+    *size_p  = size - sizeof(*hdr);
+    return UCS_OK;
+}
+
+static void uct_usnic_mpool_chunk_release(ucs_mpool_t *mp, void *chunk)
+{
+    uct_usnic_chunk_hdr_t *hdr = (uct_usnic_chunk_hdr_t*)chunk - 1;
+
+    if (hdr->mr != NULL) {
+        fi_close(&hdr->mr->fid);
+    }
+    ucs_free(hdr);
+}
+
+static void uct_usnic_mpool_obj_init(ucs_mpool_t *mp, void *obj, void *chunk)
+{
+    uct_usnic_mpool_priv_t *priv = ucs_mpool_priv(mp);
+    uct_usnic_chunk_hdr_t *hdr   = (uct_usnic_chunk_hdr_t*)chunk - 1;
+
+    if (priv->obj_init != NULL) {
+        priv->obj_init(obj, (hdr->mr == NULL) ? NULL : fi_mr_desc(hdr->mr));
+    }
+}
+
+static ucs_mpool_ops_t uct_usnic_mpool_ops = {
+    .chunk_alloc   = uct_usnic_mpool_chunk_alloc,
+    .chunk_release = uct_usnic_mpool_chunk_release,
+    .obj_init      = uct_usnic_mpool_obj_init,
+    .obj_cleanup   = NULL,
+    .obj_str       = NULL
+};
+
+ucs_status_t uct_usnic_md_mpool_init(uct_usnic_md_t *md, ucs_mpool_t *mp,
+                                     size_t elem_size, size_t align_offset,
+                                     size_t alignment,
+                                     const uct_iface_mpool_config_t *config,
+                                     unsigned grow,
+                                     uct_usnic_mpool_obj_init_t obj_init,
+                                     const char *name)
+{
+    uct_usnic_mpool_priv_t *priv;
+    ucs_status_t status;
+
+    status = uct_usnic_mpool_init(mp, sizeof(*priv), elem_size, align_offset,
+                                  alignment, config, grow,
+                                  &uct_usnic_mpool_ops, name);
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    priv           = ucs_mpool_priv(mp);
+    priv->md       = md;
+    priv->obj_init = obj_init;
+    return UCS_OK;
 }
 
 ucs_status_t uct_usnic_md_query_devices(uct_md_h uct_md,

@@ -9,6 +9,8 @@
 
 #include "usnic_compat.h"
 
+#include <ucs/datastruct/mpool.h>
+
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 
@@ -59,12 +61,17 @@ ucs_status_t uct_usnic_md_query_devices(uct_md_h md,
                                         unsigned *num_devices_p);
 
 
-/* Local descriptor of a registered buffer, for fi_send/fi_recv */
-static UCS_F_ALWAYS_INLINE void *uct_usnic_memh_desc(uct_mem_h memh)
-{
-    uct_usnic_memh_t *usnic_memh = (uct_usnic_memh_t*)memh;
+/* Initializes a buffer of a pool; mr_desc is its local registration, for
+ * fi_send/fi_recv, or NULL when the provider needs none */
+typedef void (*uct_usnic_mpool_obj_init_t)(void *obj, void *mr_desc);
 
-    return (usnic_memh->mr == NULL) ? NULL : fi_mr_desc(usnic_memh->mr);
-}
+
+ucs_status_t uct_usnic_md_mpool_init(uct_usnic_md_t *md, ucs_mpool_t *mp,
+                                     size_t elem_size, size_t align_offset,
+                                     size_t alignment,
+                                     const uct_iface_mpool_config_t *config,
+                                     unsigned grow,
+                                     uct_usnic_mpool_obj_init_t obj_init,
+                                     const char *name);
 
 #endif
