@@ -9,11 +9,12 @@
 
 /*
  * The module is written against the UCT internal API of UCX 1.22. Every
- * difference to older UCX releases (1.13 is the oldest supported one) and to
- * older libfabric releases lives in this header, so the rest of the module
- * reads as a plain 1.22 transport. UCX is told apart by UCT_API, which is
- * generated into uct/api/version.h and therefore reliable at build time;
- * libfabric by configure feature checks (HAVE_DECL_*).
+ * difference to older UCX releases (1.13 is the oldest supported one) lives
+ * in this header, so the rest of the module reads as a plain 1.22 transport.
+ * UCX is told apart by UCT_API, which is generated into uct/api/version.h
+ * and therefore reliable at build time. The module uses only libfabric API
+ * common to 1.x and 2.x; a difference there would be found by a feature
+ * check in configure.m4 and handled here too.
  */
 
 #include <uct/api/uct.h>
@@ -66,9 +67,6 @@
 /* ops.iface_is_reachable: UCX wraps v1 calls into the internal v2 op */
 #define UCT_USNIC_IFACE_IS_REACHABLE(_func) uct_base_iface_is_reachable
 #define UCT_USNIC_IFACE_IS_REACHABLE_ADAPTER(_func)
-
-#define UCT_USNIC_EP_INVALIDATE(_func) _func
-#define UCT_USNIC_EP_INVALIDATE_ADAPTER(_func)
 
 #define UCT_USNIC_IFACE_INTERNAL_OPS(_estimate_perf, _is_reachable_v2, \
                                      _ep_is_connected, _ep_invalidate) \
@@ -150,10 +148,6 @@ typedef struct {
 typedef struct {
     uint64_t field_mask;
 } uct_rkey_unpack_params_t;
-
-typedef struct {
-    uint64_t field_mask;
-} uct_ep_invalidate_params_t;
 
 
 typedef enum {
@@ -255,13 +249,6 @@ static UCS_F_MAYBE_UNUSED void uct_md_base_md_query(uct_md_attr_v2_t *md_attr)
         return _func(iface, &params); \
     }
 
-#define UCT_USNIC_EP_INVALIDATE(_func) _func##_v1
-#define UCT_USNIC_EP_INVALIDATE_ADAPTER(_func) \
-    static ucs_status_t _func##_v1(uct_ep_h ep, unsigned flags) \
-    { \
-        return _func(ep, NULL); \
-    }
-
 #define UCT_USNIC_IFACE_INTERNAL_OPS(_estimate_perf, _is_reachable_v2, \
                                      _ep_is_connected, _ep_invalidate) \
     { \
@@ -338,12 +325,9 @@ uct_usnic_mpool_init(ucs_mpool_t *mp, size_t priv_size, size_t elem_size,
 #define UCT_USNIC_REACHABLE_SCOPE(_params) \
     UCS_PARAM_VALUE(UCT_IFACE_IS_REACHABLE_FIELD, _params, scope, SCOPE, \
                     UCT_IFACE_REACHABILITY_SCOPE_NETWORK)
-#define UCT_USNIC_EP_PARAM_LENGTH(_params, _field, _flag, _default) \
-    UCT_EP_PARAM_VALUE(_params, _field, _flag, _default)
 #else
 #define UCT_USNIC_REACHABLE_LENGTH(_params, _field, _flag, _default) (_default)
 #define UCT_USNIC_REACHABLE_SCOPE(_params) UCT_IFACE_REACHABILITY_SCOPE_NETWORK
-#define UCT_USNIC_EP_PARAM_LENGTH(_params, _field, _flag, _default)  (_default)
 #endif
 
 
