@@ -210,11 +210,14 @@ ucs_arbiter_cb_result_t uct_usnic_ep_do_pending(ucs_arbiter_t *arbiter,
     }
 
     status = req->func(req);
-    if (status == UCS_ERR_NO_RESOURCE) {
-        return UCS_ARBITER_CB_RESULT_DESCHED_GROUP;
+    if (status == UCS_OK) {
+        return UCS_ARBITER_CB_RESULT_REMOVE_ELEM;
+    } else if (status == UCS_INPROGRESS) {
+        /* Made progress but not done: keep it, let other eps go */
+        return UCS_ARBITER_CB_RESULT_NEXT_GROUP;
     }
 
-    return UCS_ARBITER_CB_RESULT_REMOVE_ELEM;
+    return UCS_ARBITER_CB_RESULT_DESCHED_GROUP;
 }
 
 static ucs_arbiter_cb_result_t

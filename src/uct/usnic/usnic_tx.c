@@ -252,6 +252,7 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface, uint32_t ep_id,
         return;
     }
 
+
     if (UCT_USNIC_PSN_GE(ack_psn, ep->next_psn) ||
         UCT_USNIC_PSN_LT(ack_psn, ep->acked_psn)) {
         /* Acknowledges what was never sent, or is older than what we know */
