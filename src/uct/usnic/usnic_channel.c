@@ -22,11 +22,17 @@
 #define UCT_USNIC_CHANNEL_CQ_BATCH 16
 
 
+static void uct_usnic_rx_desc_release(uct_recv_desc_t *self, void *desc)
+{
+    ucs_mpool_put(ucs_container_of(self, uct_usnic_rx_desc_t, release));
+}
+
 static void uct_usnic_rx_desc_init(void *obj, void *mr_desc)
 {
     uct_usnic_rx_desc_t *desc = obj;
 
-    desc->mr_desc = mr_desc;
+    desc->mr_desc    = mr_desc;
+    desc->release.cb = uct_usnic_rx_desc_release;
 }
 
 static unsigned uct_usnic_channel_post_recv(uct_usnic_channel_t *channel,
@@ -233,8 +239,11 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
     channel->max_msg_size = params->max_msg_size;
     channel->prefix_size  = (info->mode & FI_MSG_PREFIX) ?
                             info->ep_attr->msg_prefix_size : 0;
+    /* A user keeping a datagram finds its release descriptor just before
+     * its headroom, both in front of the datagram */
     channel->rx_offset    = sizeof(uct_usnic_rx_desc_t) +
-                            params->rx_headroom + channel->prefix_size;
+                            sizeof(uct_recv_desc_t*) + params->rx_headroom +
+                            channel->prefix_size;
     ucs_list_head_init(&channel->rx_posted_list);
 
     if (params->am_params != NULL) {

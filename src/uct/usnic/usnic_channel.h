@@ -30,6 +30,8 @@ typedef struct uct_usnic_rx_desc {
     struct fi_context2  ctx;      /* Owned by libfabric while posted */
     ucs_list_link_t     list;     /* Entry in the channel's posted list */
     void                *mr_desc; /* Local registration, NULL without one */
+    uct_recv_desc_t     release;  /* For a user who keeps the data */
+    size_t              length;   /* Datagram length, while kept */
 } uct_usnic_rx_desc_t;
 
 
@@ -48,7 +50,8 @@ typedef struct uct_usnic_channel_params {
     unsigned                  rx_queue_len;  /* Receives kept posted */
     unsigned                  tx_queue_len;  /* Sends in flight */
     unsigned                  rx_batch;      /* Repost granularity */
-    size_t                    rx_headroom;   /* Room in front of the prefix */
+    size_t                    rx_headroom;   /* Room in front of the prefix,
+                                                for a user's AM headroom */
     size_t                    max_msg_size;  /* Datagram size, no prefix */
     /* Where AM payload starts in a datagram, and the iface parameters with
      * its alignment request; NULL for a channel that carries no payload */

@@ -150,6 +150,17 @@ typedef struct {
 } uct_rkey_unpack_params_t;
 
 
+enum {
+    UCT_EP_IS_CONNECTED_FIELD_DEVICE_ADDR = UCS_BIT(0),
+    UCT_EP_IS_CONNECTED_FIELD_IFACE_ADDR  = UCS_BIT(1)
+};
+
+typedef struct {
+    uint64_t                field_mask;
+    const uct_device_addr_t *device_addr;
+    const uct_iface_addr_t  *iface_addr;
+} uct_ep_is_connected_params_t;
+
 typedef enum {
     UCT_IFACE_REACHABILITY_SCOPE_NETWORK,
     UCT_IFACE_REACHABILITY_SCOPE_DEVICE

@@ -9,6 +9,8 @@
 #endif
 
 #include "usnic_iface.h"
+#include "usnic_ep.h"
+#include "usnic_rx.h"
 
 #include <ucs/debug/log.h>
 #include <ucs/sys/sock.h>
@@ -17,6 +19,7 @@
 #include <ucs/sys/uid.h>
 
 #include <rdma/fi_errno.h>
+#include <rdma/fi_endpoint.h>
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 
@@ -65,10 +68,51 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      "call.",
      ucs_offsetof(uct_usnic_iface_config_t, max_poll), UCS_CONFIG_TYPE_UINT},
 
+    {"WINDOW", "1024",
+     "Datagrams an endpoint may have in flight without acknowledgement; also\n"
+     "the number of out-of-order datagrams a receiver keeps per stream.",
+     ucs_offsetof(uct_usnic_iface_config_t, window), UCS_CONFIG_TYPE_UINT},
+
+    {"MAX_BCOPY", "8k",
+     "Largest am_bcopy message; larger than a datagram, it is cut into\n"
+     "datagrams and reassembled in order by the receiver.",
+     ucs_offsetof(uct_usnic_iface_config_t, max_bcopy),
+     UCS_CONFIG_TYPE_MEMUNITS},
+
+    {"ACK_FREQ", "32",
+     "A receiver acknowledges at least every this many datagrams.",
+     ucs_offsetof(uct_usnic_iface_config_t, ack_freq), UCS_CONFIG_TYPE_UINT},
+
+    {"ACK_DELAY", "50us",
+     "Longest time a receiver holds back an acknowledgement to batch it.",
+     ucs_offsetof(uct_usnic_iface_config_t, ack_delay), UCS_CONFIG_TYPE_TIME},
+
+    {"RTO_MIN", "1ms",
+     "Smallest retransmission timeout; the timeout follows the measured\n"
+     "round-trip time above it.",
+     ucs_offsetof(uct_usnic_iface_config_t, rto_min), UCS_CONFIG_TYPE_TIME},
+
+    {"RTO_MAX", "500ms",
+     "Largest retransmission timeout, reached by doubling after each\n"
+     "timeout.",
+     ucs_offsetof(uct_usnic_iface_config_t, rto_max), UCS_CONFIG_TYPE_TIME},
+
+    {"MAX_RESEND", "32",
+     "Most datagrams resent in one progress call, so that recovery never\n"
+     "starves new traffic.",
+     ucs_offsetof(uct_usnic_iface_config_t, max_resend),
+     UCS_CONFIG_TYPE_UINT},
+
     UCT_USNIC_IFACE_MPOOL_CONFIG_FIELDS("RX_", -1, 0, "receive",
                                         ucs_offsetof(uct_usnic_iface_config_t,
                                                      rx_mpool),
                                         ""),
+
+    UCT_USNIC_IFACE_MPOOL_CONFIG_FIELDS("TX_", -1, 256, "send",
+                                        ucs_offsetof(uct_usnic_iface_config_t,
+                                                     tx_mpool),
+                                        "\nA send buffer holds a datagram "
+                                        "until it is acknowledged."),
 
     {NULL}
 };
@@ -142,9 +186,52 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
         return status;
     }
 
-    return uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("MAX_POLL"),
-                                       config->max_poll, 1, 1024,
-                                       "completions per progress call");
+    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("MAX_POLL"),
+                                         config->max_poll, 1, 1024,
+                                         "completions per progress call");
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("WINDOW"),
+                                         config->window, 16, 32768,
+                                         "datagrams in flight per endpoint");
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("MAX_BCOPY"),
+                                         config->max_bcopy, 64, 1024 * 1024,
+                                         "bytes of one am_bcopy message");
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("ACK_FREQ"),
+                                         config->ack_freq, 1, config->window,
+                                         "at most WINDOW");
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("MAX_RESEND"),
+                                         config->max_resend, 1, 65536,
+                                         "datagrams per progress call");
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    if ((config->rto_min <= 0) || (config->rto_max < config->rto_min) ||
+        (config->ack_delay < 0) || (config->ack_delay >= config->rto_min)) {
+        ucs_error("%s=%g, %s=%g and %s=%g are inconsistent: need "
+                  "0 <= ACK_DELAY < RTO_MIN <= RTO_MAX (seconds)",
+                  UCT_USNIC_CONFIG_VAR("ACK_DELAY"), config->ack_delay,
+                  UCT_USNIC_CONFIG_VAR("RTO_MIN"), config->rto_min,
+                  UCT_USNIC_CONFIG_VAR("RTO_MAX"), config->rto_max);
+        return UCS_ERR_INVALID_PARAM;
+    }
+
+    return UCS_OK;
 }
 
 static ucs_status_t uct_usnic_iface_query(uct_iface_h tl_iface,
@@ -154,7 +241,16 @@ static ucs_status_t uct_usnic_iface_query(uct_iface_h tl_iface,
 
     uct_base_iface_query(&iface->super, iface_attr);
 
-    iface_attr->cap.flags          = UCT_IFACE_FLAG_INTER_NODE;
+    iface_attr->cap.flags          = UCT_IFACE_FLAG_AM_SHORT |
+                                     UCT_IFACE_FLAG_AM_BCOPY |
+                                     UCT_IFACE_FLAG_PENDING |
+                                     UCT_IFACE_FLAG_CB_SYNC |
+                                     UCT_IFACE_FLAG_CONNECT_TO_IFACE |
+                                     UCT_IFACE_FLAG_INTER_NODE;
+    iface_attr->cap.am.max_short   = iface->config.max_payload;
+    iface_attr->cap.am.max_bcopy   = iface->config.max_bcopy;
+    iface_attr->cap.am.max_iov     = 1;
+    iface_attr->cap.am.max_hdr     = 0;
     iface_attr->device_addr_len    = sizeof(uct_usnic_device_addr_t);
     iface_attr->iface_addr_len     = sizeof(uct_usnic_iface_addr_t);
     iface_attr->ep_addr_len        = 0;
@@ -268,28 +364,97 @@ uct_usnic_iface_is_reachable_v2(const uct_iface_h tl_iface,
 }
 UCT_USNIC_IFACE_IS_REACHABLE_ADAPTER(uct_usnic_iface_is_reachable_v2)
 
+/*
+ * ACKs and control first, so that the window opens before new data is
+ * taken in; then received data; then what the send engine owes: ACKs,
+ * retransmissions, pending requests.
+ */
 static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
 {
     uct_usnic_iface_t *iface = ucs_derived_of(tl_iface, uct_usnic_iface_t);
-    unsigned count;
+    unsigned count, data_count;
 
-    count  = uct_usnic_channel_progress(&iface->channels[UCT_USNIC_CHANNEL_PRIO],
-                                        iface->config.max_poll);
-    count += uct_usnic_channel_progress(&iface->channels[UCT_USNIC_CHANNEL_DATA],
-                                        iface->config.max_poll);
+    count      = uct_usnic_channel_progress(
+                         &iface->channels[UCT_USNIC_CHANNEL_PRIO],
+                         iface->config.max_poll);
+    data_count = uct_usnic_channel_progress(
+                         &iface->channels[UCT_USNIC_CHANNEL_DATA],
+                         iface->config.max_poll);
+    count     += data_count;
+
+    /* Batching ACKs pays while data keeps coming; once the receive queue
+     * is drained, acknowledge at once: the sender may be waiting for it
+     * while this iface is no longer progressed */
+    if (!ucs_list_is_empty(&iface->ack_streams)) {
+        uct_usnic_rx_send_acks(iface, data_count < iface->config.max_poll);
+    }
+
+    if (!ucs_list_is_empty(&iface->active_eps)) {
+        count += uct_usnic_tx_progress_timers(iface);
+    }
+
+    if (!ucs_arbiter_is_empty(&iface->arbiter)) {
+        iface->in_pending = 1;
+        ucs_arbiter_dispatch(&iface->arbiter, 1, uct_usnic_ep_do_pending,
+                             NULL);
+        iface->in_pending = 0;
+    }
+
     return count;
 }
 
-static ucs_status_t uct_usnic_iface_rx(uct_usnic_channel_t *channel,
-                                       uct_usnic_rx_desc_t *desc, void *data,
-                                       size_t length)
+ucs_status_t uct_usnic_iface_av_insert(uct_usnic_iface_t *iface,
+                                       uint32_t in_addr, uint16_t port,
+                                       fi_addr_t *fi_addr_p)
 {
-    uct_usnic_iface_t *iface = ucs_derived_of(channel->iface,
-                                              uct_usnic_iface_t);
+    struct sockaddr_in addr = {
+        .sin_family      = AF_INET,
+        .sin_port        = port,
+        .sin_addr.s_addr = in_addr
+    };
+    char str[UCS_SOCKADDR_STRING_LEN];
+    int ret;
 
-    ucs_trace_data("%s: dropping datagram of %zu bytes", channel->name,
-                   length);
-    ++iface->stats.rx_drop[UCT_USNIC_RX_DROP_INVALID];
+    ret = fi_av_insert(iface->av, &addr, 1, fi_addr_p, 0, NULL);
+    if (ret != 1) {
+        ucs_error("fi_av_insert(%s) failed: %s",
+                  ucs_sockaddr_str((struct sockaddr*)&addr, str, sizeof(str)),
+                  fi_strerror((ret < 0) ? -ret : FI_EOTHER));
+        return UCS_ERR_IO_ERROR;
+    }
+
+    return UCS_OK;
+}
+
+void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
+                               const void *packet, size_t length)
+{
+    uct_usnic_channel_t *channel = &iface->channels[UCT_USNIC_CHANNEL_PRIO];
+    ssize_t ret;
+
+    /* A lost control packet is recovered by the protocol: no retry here */
+    ret = fi_inject(channel->ep, packet, length, dest);
+    if ((ret != 0) && (ret != -FI_EAGAIN)) {
+        ucs_diag("%s: fi_inject failed: %s", channel->name,
+                 fi_strerror(-ret));
+    }
+}
+
+static ucs_status_t uct_usnic_iface_flush(uct_iface_h tl_iface, unsigned flags,
+                                          uct_completion_t *comp)
+{
+    uct_usnic_iface_t *iface = ucs_derived_of(tl_iface, uct_usnic_iface_t);
+
+    if (comp != NULL) {
+        return UCS_ERR_UNSUPPORTED;
+    }
+
+    if (iface->tx_outstanding > 0) {
+        UCT_TL_IFACE_STAT_FLUSH_WAIT(&iface->super);
+        return UCS_INPROGRESS;
+    }
+
+    UCT_TL_IFACE_STAT_FLUSH(&iface->super);
     return UCS_OK;
 }
 
@@ -389,15 +554,16 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
         [UCT_USNIC_CHANNEL_PRIO] = {
             .name         = "prio",
             .rx_queue_len = config->prio_rx_queue_len,
-            .rx_headroom  = 0
+            .rx_headroom  = 0,
+            .rx_cb        = uct_usnic_rx_prio
         },
         [UCT_USNIC_CHANNEL_DATA] = {
             .name         = "data",
             .rx_queue_len = config->rx_queue_len,
-            .rx_headroom  = UCT_IFACE_PARAM_VALUE(params, rx_headroom,
-                                                  RX_HEADROOM, 0),
-            .am_offset    = 0,
-            .am_params    = params
+            .rx_headroom  = iface->config.rx_headroom,
+            .am_offset    = sizeof(uct_usnic_hdr_t),
+            .am_params    = params,
+            .rx_cb        = uct_usnic_rx_data
         }
     };
     uct_usnic_channel_id_t id;
@@ -408,7 +574,6 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
         ch_params[id].rx_batch     = config->rx_post_batch;
         ch_params[id].max_msg_size = iface->config.mtu;
         ch_params[id].rx_mpool     = &config->rx_mpool;
-        ch_params[id].rx_cb        = uct_usnic_iface_rx;
 
         status = uct_usnic_channel_init(&iface->channels[id], &iface->super,
                                         md, iface->av, &ch_params[id]);
@@ -426,15 +591,138 @@ err_cleanup:
     return status;
 }
 
+static void uct_usnic_am_buf_init(void *obj, void *mr_desc)
+{
+    uct_usnic_am_buf_t *am_buf = obj;
+
+    am_buf->release.cb = uct_usnic_am_buf_release;
+}
+
+/* Send buffers, reassembly buffers, and the buffer am_bcopy packs into */
+static ucs_status_t
+uct_usnic_iface_init_buffers(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
+                             const uct_iface_params_t *params,
+                             const uct_usnic_iface_config_t *config)
+{
+    size_t align, align_offset;
+    ucs_status_t status;
+
+    status = uct_usnic_md_mpool_init(md, &iface->tx_mp,
+                                     iface->config.tx_hdr_offset +
+                                     iface->config.mtu,
+                                     0, UCS_SYS_CACHE_LINE_SIZE,
+                                     &config->tx_mpool, 256, NULL,
+                                     "usnic_tx_desc");
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    status = uct_iface_param_am_alignment(params, iface->config.max_bcopy,
+                                          iface->config.am_buf_offset,
+                                          iface->config.am_buf_offset, &align,
+                                          &align_offset);
+    if (status != UCS_OK) {
+        goto err_tx_mp;
+    }
+
+    status = uct_usnic_md_mpool_init(md, &iface->am_buf_mp,
+                                     iface->config.am_buf_offset +
+                                     iface->config.max_bcopy,
+                                     align_offset, align, &config->rx_mpool,
+                                     16, uct_usnic_am_buf_init,
+                                     "usnic_am_buf");
+    if (status != UCS_OK) {
+        goto err_tx_mp;
+    }
+
+    iface->bcopy_buf = ucs_malloc(iface->config.max_bcopy, "usnic_bcopy_buf");
+    if (iface->bcopy_buf == NULL) {
+        ucs_error("failed to allocate usnic bcopy buffer");
+        status = UCS_ERR_NO_MEMORY;
+        goto err_am_buf_mp;
+    }
+
+    return UCS_OK;
+
+err_am_buf_mp:
+    ucs_mpool_cleanup(&iface->am_buf_mp, 1);
+err_tx_mp:
+    ucs_mpool_cleanup(&iface->tx_mp, 1);
+    return status;
+}
+
+static void uct_usnic_iface_cleanup_buffers(uct_usnic_iface_t *iface)
+{
+    ucs_free(iface->bcopy_buf);
+    ucs_mpool_cleanup(&iface->am_buf_mp, 1);
+    ucs_mpool_cleanup(&iface->tx_mp, 1);
+}
+
+/* Sizes that follow from the configuration and the provider */
+static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
+                                       const uct_iface_params_t *params,
+                                       const uct_usnic_iface_config_t *config,
+                                       const struct fi_info *info)
+{
+    size_t prefix = (info->mode & FI_MSG_PREFIX) ?
+                    info->ep_attr->msg_prefix_size : 0;
+
+    /* Every datagram goes out with fi_inject, which copies it */
+    iface->config.mtu               = ucs_min((config->mtu == UCS_MEMUNITS_AUTO) ?
+                                              info->ep_attr->max_msg_size :
+                                              config->mtu,
+                                              info->tx_attr->inject_size -
+                                              prefix);
+    iface->config.max_payload       = iface->config.mtu -
+                                      sizeof(uct_usnic_hdr_t) -
+                                      sizeof(uct_usnic_open_ext_t);
+    iface->config.max_bcopy         = config->max_bcopy;
+    iface->config.max_bcopy_packets = ucs_div_round_up(config->max_bcopy,
+                                                       iface->config.max_payload);
+    iface->config.tx_hdr_offset     = sizeof(uct_usnic_tx_desc_t) + prefix;
+    iface->config.tx_max_bufs       = (config->tx_mpool.max_bufs < 0) ?
+                                      UINT_MAX : config->tx_mpool.max_bufs;
+    iface->config.rx_headroom       = UCT_IFACE_PARAM_VALUE(params,
+                                                            rx_headroom,
+                                                            RX_HEADROOM, 0);
+    iface->config.am_buf_offset     = sizeof(uct_usnic_am_buf_t) +
+                                      sizeof(uct_recv_desc_t*) +
+                                      iface->config.rx_headroom;
+    iface->config.max_poll          = config->max_poll;
+    iface->config.window            = config->window;
+    /* The congestion window never closes below one largest message */
+    iface->config.cwnd_min          = iface->config.max_bcopy_packets;
+    iface->config.cwnd_init         = ucs_min(ucs_max(64,
+                                                      iface->config.cwnd_min),
+                                              config->window);
+    iface->config.ack_freq          = config->ack_freq;
+    iface->config.ack_delay         = ucs_time_from_sec(config->ack_delay);
+    iface->config.rto_min           = ucs_time_from_sec(config->rto_min);
+    iface->config.rto_max           = ucs_time_from_sec(config->rto_max);
+    iface->config.max_resend        = config->max_resend;
+}
+
+static void uct_usnic_iface_cleanup_tables(uct_usnic_iface_t *iface)
+{
+    ucs_arbiter_cleanup(&iface->arbiter);
+    kh_destroy_inplace(uct_usnic_streams, &iface->stream_hash);
+    ucs_ptr_array_cleanup(&iface->streams, 1);
+    ucs_ptr_array_cleanup(&iface->eps, 1);
+}
+
 static UCS_CLASS_DECLARE_DELETE_FUNC(uct_usnic_iface_t, uct_iface_t);
 
 static uct_iface_ops_t uct_usnic_iface_ops = {
-    .ep_flush                 = UCT_USNIC_STUB(uct_ep_flush_func_t,
-                                               ucs_empty_function_return_success),
+    .ep_am_short              = uct_usnic_ep_am_short,
+    .ep_am_short_iov          = uct_base_ep_am_short_iov,
+    .ep_am_bcopy              = uct_usnic_ep_am_bcopy,
+    .ep_pending_add           = uct_usnic_ep_pending_add,
+    .ep_pending_purge         = uct_usnic_ep_pending_purge,
+    .ep_flush                 = uct_usnic_ep_flush,
     .ep_fence                 = uct_base_ep_fence,
-    .ep_destroy               = UCT_USNIC_STUB(uct_ep_destroy_func_t,
-                                               ucs_empty_function),
-    .iface_flush              = uct_base_iface_flush,
+    .ep_create                = UCS_CLASS_NEW_FUNC_NAME(uct_usnic_ep_t),
+    .ep_destroy               = UCS_CLASS_DELETE_FUNC_NAME(uct_usnic_ep_t),
+    .iface_flush              = uct_usnic_iface_flush,
     .iface_fence              = uct_base_iface_fence,
     .iface_progress_enable    = uct_base_iface_progress_enable,
     .iface_progress_disable   = uct_base_iface_progress_disable,
@@ -450,8 +738,7 @@ static uct_iface_ops_t uct_usnic_iface_ops = {
 static uct_iface_internal_ops_t uct_usnic_iface_internal_ops =
         UCT_USNIC_IFACE_INTERNAL_OPS(uct_base_iface_estimate_perf,
                                      uct_usnic_iface_is_reachable_v2,
-                                     UCT_USNIC_STUB(uct_ep_is_connected_func_t,
-                                                    ucs_empty_function_return_zero_int),
+                                     uct_usnic_ep_is_connected,
                                      UCT_USNIC_STUB(uct_ep_invalidate_func_t,
                                                     ucs_empty_function_return_unsupported));
 
@@ -494,14 +781,35 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
         return status;
     }
 
-    self->config.mtu      = (config->mtu == UCS_MEMUNITS_AUTO) ?
-                            md->info->ep_attr->max_msg_size : config->mtu;
-    self->config.max_poll = config->max_poll;
+    uct_usnic_iface_init_sizes(self, params, config, md->info);
+    if (self->config.mtu < (sizeof(uct_usnic_hdr_t) +
+                            sizeof(uct_usnic_open_ext_t) + 64)) {
+        ucs_error("usnic: provider %s sends at most %zu bytes at once, too "
+                  "few for the protocol", md->info->fabric_attr->prov_name,
+                  self->config.mtu);
+        return UCS_ERR_UNSUPPORTED;
+    }
+
     memset(&self->stats, 0, sizeof(self->stats));
+    self->tx_outstanding   = 0;
+    self->in_pending       = 0;
+    self->next_ep_serial   = 1;
+    self->next_timer_check = 0;
+    ucs_ptr_array_init(&self->eps, "usnic_eps");
+    ucs_ptr_array_init(&self->streams, "usnic_streams");
+    kh_init_inplace(uct_usnic_streams, &self->stream_hash);
+    ucs_arbiter_init(&self->arbiter);
+    ucs_list_head_init(&self->active_eps);
+    ucs_list_head_init(&self->ack_streams);
+
+    status = uct_usnic_iface_init_buffers(self, md, params, config);
+    if (status != UCS_OK) {
+        goto err_cleanup_tables;
+    }
 
     status = uct_usnic_iface_open_av(self, md);
     if (status != UCS_OK) {
-        return status;
+        goto err_cleanup_buffers;
     }
 
     status = uct_usnic_iface_init_channels(self, md, params, config);
@@ -510,27 +818,40 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     }
 
     uct_usnic_iface_init_address(self, dev_name);
-    ucs_debug("usnic iface %p: device %s mtu %zu", self, dev_name,
-              self->config.mtu);
+    ucs_debug("usnic iface %p: device %s mtu %zu incarnation 0x%x", self,
+              dev_name, self->config.mtu, self->incarnation);
     return UCS_OK;
 
 err_close_av:
     uct_usnic_iface_close_av(self);
+err_cleanup_buffers:
+    uct_usnic_iface_cleanup_buffers(self);
+err_cleanup_tables:
+    uct_usnic_iface_cleanup_tables(self);
     return status;
 }
 
 static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t)
 {
+    uct_usnic_rx_stream_t *stream;
     uct_usnic_channel_id_t id;
+    unsigned index;
 
     uct_base_iface_progress_disable(&self->super.super,
                                     UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
+
+    /* Streams hold receive and reassembly buffers: release them first */
+    ucs_ptr_array_for_each(stream, index, &self->streams) {
+        uct_usnic_rx_stream_destroy(self, stream);
+    }
 
     for (id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
         uct_usnic_channel_cleanup(&self->channels[id]);
     }
 
     uct_usnic_iface_close_av(self);
+    uct_usnic_iface_cleanup_buffers(self);
+    uct_usnic_iface_cleanup_tables(self);
 }
 
 UCS_CLASS_DEFINE(uct_usnic_iface_t, uct_base_iface_t);

@@ -10,6 +10,12 @@
 #include "usnic_channel.h"
 #include "usnic_md.h"
 
+#include <ucs/datastruct/arbiter.h>
+#include <ucs/datastruct/khash.h>
+#include <ucs/datastruct/list.h>
+#include <ucs/datastruct/ptr_array.h>
+#include <ucs/time/time.h>
+
 #include <rdma/fi_domain.h>
 #include <netinet/in.h>
 
@@ -30,9 +36,17 @@ typedef enum {
 
 /* Why a received datagram was dropped */
 typedef enum {
-    UCT_USNIC_RX_DROP_INVALID, /* Not a datagram of this protocol */
+    UCT_USNIC_RX_DROP_INVALID,     /* Not a datagram of this protocol */
+    UCT_USNIC_RX_DROP_STALE,       /* For another incarnation of this iface */
+    UCT_USNIC_RX_DROP_NO_STREAM,   /* Unknown stream or ep */
+    UCT_USNIC_RX_DROP_DUPLICATE,   /* Already delivered */
+    UCT_USNIC_RX_DROP_OUT_OF_WINDOW, /* Too far ahead to keep */
+    UCT_USNIC_RX_DROP_NO_RESOURCE, /* No memory for a new stream */
     UCT_USNIC_RX_DROP_LAST
 } uct_usnic_rx_drop_t;
+
+
+KHASH_MAP_INIT_INT64(uct_usnic_streams, uint32_t)
 
 
 /**
@@ -65,7 +79,15 @@ typedef struct uct_usnic_iface_config {
     unsigned                 prio_rx_queue_len;
     unsigned                 rx_post_batch;
     unsigned                 max_poll;
+    unsigned                 window;
+    size_t                   max_bcopy;
+    unsigned                 ack_freq;
+    double                   ack_delay;
+    double                   rto_min;
+    double                   rto_max;
+    unsigned                 max_resend;
     uct_iface_mpool_config_t rx_mpool;
+    uct_iface_mpool_config_t tx_mpool;
 } uct_usnic_iface_config_t;
 
 
@@ -75,19 +97,66 @@ typedef struct uct_usnic_iface {
     uct_usnic_channel_t     channels[UCT_USNIC_CHANNEL_LAST];
     uct_usnic_device_addr_t dev_addr;
     uint32_t                incarnation;
-    double                  bandwidth; /* Link bandwidth, bytes/s */
+    double                  bandwidth;     /* Link bandwidth, bytes/s */
+    size_t                  inject_size;   /* Largest fi_inject datagram */
+    ucs_ptr_array_t         eps;           /* ep id -> uct_usnic_ep_t */
+    uint32_t                next_ep_serial;
+    ucs_ptr_array_t         streams;       /* stream id -> rx stream */
+    khash_t(uct_usnic_streams) stream_hash; /* sender key -> stream id */
+    ucs_arbiter_t           arbiter;       /* eps with pending requests */
+    ucs_list_link_t         active_eps;    /* eps with unacked packets */
+    ucs_list_link_t         ack_streams;   /* streams owing an ACK */
+    unsigned                tx_outstanding; /* Unacked packets, all eps */
+    int                     in_pending;    /* Dispatching pending requests */
+    ucs_time_t              next_timer_check;
+    ucs_mpool_t             tx_mp;         /* uct_usnic_tx_desc_t */
+    ucs_mpool_t             am_buf_mp;     /* uct_usnic_am_buf_t */
+    void                    *bcopy_buf;    /* Packs a multi-datagram AM */
     struct {
-        size_t              mtu;
+        size_t              mtu;           /* Datagram size */
+        size_t              max_payload;   /* Payload of one datagram */
+        size_t              max_bcopy;
+        unsigned            max_bcopy_packets; /* Datagrams of max_bcopy */
+        size_t              tx_hdr_offset; /* Header offset in a tx desc */
+        unsigned            tx_max_bufs;
+        size_t              rx_headroom;
+        size_t              am_buf_offset;
         unsigned            max_poll;
+        unsigned            window;
+        unsigned            cwnd_init;
+        unsigned            cwnd_min;
+        unsigned            ack_freq;
+        ucs_time_t          ack_delay;
+        ucs_time_t          rto_min;
+        ucs_time_t          rto_max;
+        unsigned            max_resend;
     } config;
     struct {
         uint64_t            rx_drop[UCT_USNIC_RX_DROP_LAST];
+        uint64_t            tx_packets;
+        uint64_t            tx_resends;
+        uint64_t            tx_acks;
+        uint64_t            rx_packets;
+        uint64_t            rx_acks;
     } stats;
 } uct_usnic_iface_t;
 
 
 ucs_status_t uct_usnic_iface_get_address(uct_iface_h tl_iface,
                                          uct_iface_addr_t *addr);
+
+ucs_status_t uct_usnic_iface_av_insert(uct_usnic_iface_t *iface,
+                                       uint32_t in_addr, uint16_t port,
+                                       fi_addr_t *fi_addr_p);
+
+void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
+                               const void *packet, size_t length);
+
+static UCS_F_ALWAYS_INLINE void
+uct_usnic_iface_drop(uct_usnic_iface_t *iface, uct_usnic_rx_drop_t reason)
+{
+    ++iface->stats.rx_drop[reason];
+}
 
 ucs_status_t uct_usnic_iface_get_device_address(uct_iface_h tl_iface,
                                                 uct_device_addr_t *addr);

@@ -1,0 +1,305 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#ifdef HAVE_CONFIG_H
+#  include "config.h"
+#endif
+
+#include "usnic_ep.h"
+
+#include <ucs/debug/log.h>
+#include <ucs/debug/memtrack_int.h>
+
+
+UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params)
+{
+    uct_usnic_iface_t *iface = ucs_derived_of(params->iface,
+                                              uct_usnic_iface_t);
+    const uct_usnic_device_addr_t *dev_addr;
+    const uct_usnic_iface_addr_t *if_addr;
+    ucs_status_t status;
+
+    UCT_EP_PARAMS_CHECK_DEV_IFACE_ADDRS(params);
+    UCS_CLASS_CALL_SUPER_INIT(uct_base_ep_t, &iface->super);
+
+    dev_addr = (const uct_usnic_device_addr_t*)params->dev_addr;
+    if_addr  = (const uct_usnic_iface_addr_t*)params->iface_addr;
+    if (dev_addr->magic != UCT_USNIC_DEV_ADDR_MAGIC) {
+        ucs_error("usnic: not a usnic device address (magic 0x%x)",
+                  dev_addr->magic);
+        return UCS_ERR_INVALID_ADDR;
+    }
+
+    status = uct_usnic_iface_av_insert(iface, dev_addr->in_addr,
+                                       if_addr->ports[UCT_USNIC_CHANNEL_DATA],
+                                       &self->peer_fi_addr);
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    self->peer_dev_addr    = *dev_addr;
+    self->peer_iface_addr  = *if_addr;
+    self->peer_incarnation = if_addr->incarnation;
+    self->peer_stream_id   = UCT_USNIC_STREAM_ID_NONE;
+    self->serial           = iface->next_ep_serial++;
+    self->next_psn         = 1;
+    self->acked_psn        = 0;
+    self->tx_count         = 0;
+    self->cwnd             = iface->config.cwnd_init;
+    self->ssthresh         = iface->config.window;
+    self->cwnd_acked       = 0;
+    self->recovery_psn     = 0;
+    self->rto              = iface->config.rto_min;
+    self->srtt             = 0;
+    self->rttvar           = 0;
+    ucs_queue_head_init(&self->window);
+    ucs_queue_head_init(&self->flush_reqs);
+    ucs_arbiter_group_init(&self->arb_group);
+    ucs_list_head_init(&self->active_list);
+    self->id               = ucs_ptr_array_insert(&iface->eps, self);
+
+    ucs_debug("usnic ep %p: id %u to iface 0x%x", self, self->id,
+              self->peer_incarnation);
+    return UCS_OK;
+}
+
+UCS_CLASS_CLEANUP_FUNC(uct_usnic_ep_t)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(self);
+
+    uct_usnic_tx_window_purge(self, UCS_ERR_CANCELED);
+    ucs_arbiter_group_cleanup(&self->arb_group);
+    ucs_ptr_array_remove(&iface->eps, self->id);
+}
+
+UCS_CLASS_DEFINE(uct_usnic_ep_t, uct_base_ep_t);
+UCS_CLASS_DEFINE_NEW_FUNC(uct_usnic_ep_t, uct_ep_t, const uct_ep_params_t*);
+UCS_CLASS_DEFINE_DELETE_FUNC(uct_usnic_ep_t, uct_ep_t);
+
+ucs_status_t uct_usnic_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header,
+                                   const void *payload, unsigned length)
+{
+    uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uct_usnic_tx_desc_t *desc;
+    uint64_t *data;
+
+    UCT_CHECK_AM_ID(id);
+    UCT_CHECK_LENGTH(sizeof(header) + length, 0, iface->config.max_payload,
+                     "am_short");
+
+    if (ucs_unlikely(!uct_usnic_ep_can_send(ep, 1))) {
+        UCS_STATS_UPDATE_COUNTER(ep->super.stats, UCT_EP_STAT_NO_RES, 1);
+        return UCS_ERR_NO_RESOURCE;
+    }
+
+    desc = ucs_mpool_get_inline(&iface->tx_mp);
+    if (ucs_unlikely(desc == NULL)) {
+        return UCS_ERR_NO_RESOURCE;
+    }
+
+    data    = (uint64_t*)(uct_usnic_tx_desc_hdr(iface, desc) + 1);
+    data[0] = header;
+    memcpy(data + 1, payload, length);
+
+    uct_iface_trace_am(&iface->super, UCT_AM_TRACE_TYPE_SEND, id, data,
+                       sizeof(header) + length, "TX: AM_SHORT");
+    UCT_TL_EP_STAT_OP(&ep->super, AM, SHORT, sizeof(header) + length);
+    uct_usnic_tx_post(ep, desc, id,
+                      UCT_USNIC_PKT_FLAG_FIRST | UCT_USNIC_PKT_FLAG_LAST,
+                      sizeof(header) + length);
+    return UCS_OK;
+}
+
+/* Cut a packed message into datagrams; the window has room for them all */
+static void uct_usnic_ep_post_fragments(uct_usnic_ep_t *ep, uint8_t id,
+                                        const void *data, size_t length)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uint8_t flags            = UCT_USNIC_PKT_FLAG_FIRST;
+    size_t offset            = 0;
+    uct_usnic_tx_desc_t *desc;
+    size_t frag_len;
+
+    do {
+        frag_len = ucs_min(length - offset, iface->config.max_payload);
+        if ((offset + frag_len) == length) {
+            flags |= UCT_USNIC_PKT_FLAG_LAST;
+        }
+
+        desc = ucs_mpool_get_inline(&iface->tx_mp);
+        ucs_assert_always(desc != NULL);
+        memcpy(uct_usnic_tx_desc_hdr(iface, desc) + 1,
+               UCS_PTR_BYTE_OFFSET(data, offset), frag_len);
+        uct_usnic_tx_post(ep, desc, id, flags, frag_len);
+
+        offset += frag_len;
+        flags   = 0;
+    } while (offset < length);
+}
+
+ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
+                              uct_pack_callback_t pack_cb, void *arg,
+                              unsigned flags)
+{
+    uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    size_t length;
+
+    UCT_CHECK_AM_ID(id);
+
+    /* The message size is known only after packing, so there must be room
+     * for the largest one */
+    if (ucs_unlikely(!uct_usnic_ep_can_send(
+                ep, iface->config.max_bcopy_packets))) {
+        UCS_STATS_UPDATE_COUNTER(ep->super.stats, UCT_EP_STAT_NO_RES, 1);
+        return UCS_ERR_NO_RESOURCE;
+    }
+
+    length = pack_cb(iface->bcopy_buf, arg);
+    ucs_assertv(length <= iface->config.max_bcopy, "length=%zu max_bcopy=%zu",
+                length, iface->config.max_bcopy);
+
+    uct_iface_trace_am(&iface->super, UCT_AM_TRACE_TYPE_SEND, id,
+                       iface->bcopy_buf, length, "TX: AM_BCOPY");
+    UCT_TL_EP_STAT_OP(&ep->super, AM, BCOPY, length);
+    uct_usnic_ep_post_fragments(ep, id, iface->bcopy_buf, length);
+    return length;
+}
+
+ucs_status_t uct_usnic_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req,
+                                      unsigned flags)
+{
+    uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+
+    if (uct_usnic_ep_can_send(ep, iface->config.max_bcopy_packets)) {
+        return UCS_ERR_BUSY;
+    }
+
+    uct_pending_req_arb_group_push(&ep->arb_group, req);
+    if (ep->tx_count + iface->config.max_bcopy_packets <= ep->cwnd) {
+        /* Only the iface's buffers are short: dispatch when any frees */
+        ucs_arbiter_group_schedule(&iface->arbiter, &ep->arb_group);
+    }
+    UCT_TL_EP_STAT_PEND(&ep->super);
+    return UCS_OK;
+}
+
+ucs_arbiter_cb_result_t uct_usnic_ep_do_pending(ucs_arbiter_t *arbiter,
+                                                ucs_arbiter_group_t *group,
+                                                ucs_arbiter_elem_t *elem,
+                                                void *arg)
+{
+    uct_usnic_ep_t *ep       = ucs_container_of(group, uct_usnic_ep_t,
+                                                arb_group);
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uct_pending_req_t *req   = ucs_container_of(elem, uct_pending_req_t, priv);
+    ucs_status_t status;
+
+    if (ep->tx_count + iface->config.max_bcopy_packets > ep->cwnd) {
+        return UCS_ARBITER_CB_RESULT_DESCHED_GROUP;
+    }
+
+    if (iface->tx_outstanding + iface->config.max_bcopy_packets >
+        iface->config.tx_max_bufs) {
+        return UCS_ARBITER_CB_RESULT_STOP;
+    }
+
+    status = req->func(req);
+    if (status == UCS_OK) {
+        return UCS_ARBITER_CB_RESULT_REMOVE_ELEM;
+    } else if (status == UCS_INPROGRESS) {
+        /* Made progress but not done: keep it, let other eps go */
+        return UCS_ARBITER_CB_RESULT_NEXT_GROUP;
+    }
+
+    return UCS_ARBITER_CB_RESULT_DESCHED_GROUP;
+}
+
+static ucs_arbiter_cb_result_t
+uct_usnic_ep_pending_purge_cb(ucs_arbiter_t *arbiter,
+                              ucs_arbiter_group_t *group,
+                              ucs_arbiter_elem_t *elem, void *arg)
+{
+    uct_purge_cb_args_t *args = arg;
+    uct_pending_req_t *req    = ucs_container_of(elem, uct_pending_req_t,
+                                                 priv);
+
+    if (args->cb != NULL) {
+        args->cb(req, args->arg);
+    }
+    return UCS_ARBITER_CB_RESULT_REMOVE_ELEM;
+}
+
+void uct_usnic_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb,
+                                void *arg)
+{
+    uct_usnic_ep_t *ep        = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_iface_t *iface  = uct_usnic_ep_iface(ep);
+    uct_purge_cb_args_t args  = {cb, arg};
+
+    ucs_arbiter_group_purge(&iface->arbiter, &ep->arb_group,
+                            uct_usnic_ep_pending_purge_cb, &args);
+}
+
+ucs_status_t uct_usnic_ep_flush(uct_ep_h tl_ep, unsigned flags,
+                                uct_completion_t *comp)
+{
+    uct_usnic_ep_t *ep = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_flush_req_t *req;
+
+    if (flags & UCT_FLUSH_FLAG_CANCEL) {
+        uct_usnic_tx_window_purge(ep, UCS_ERR_CANCELED);
+        return UCS_OK;
+    }
+
+    /* Pending sends go first, unless this flush is one of them */
+    if (!uct_usnic_ep_iface(ep)->in_pending &&
+        !ucs_arbiter_group_is_empty(&ep->arb_group)) {
+        UCT_TL_EP_STAT_FLUSH_WAIT(&ep->super);
+        return UCS_ERR_NO_RESOURCE;
+    }
+
+    if (ep->tx_count == 0) {
+        UCT_TL_EP_STAT_FLUSH(&ep->super);
+        return UCS_OK;
+    }
+
+    if (comp != NULL) {
+        req = ucs_malloc(sizeof(*req), "usnic_flush_req");
+        if (req == NULL) {
+            return UCS_ERR_NO_MEMORY;
+        }
+
+        req->psn  = ep->next_psn - 1;
+        req->comp = comp;
+        ucs_queue_push(&ep->flush_reqs, &req->queue);
+    }
+
+    UCT_TL_EP_STAT_FLUSH_WAIT(&ep->super);
+    return UCS_INPROGRESS;
+}
+
+int uct_usnic_ep_is_connected(uct_ep_h tl_ep,
+                              const uct_ep_is_connected_params_t *params)
+{
+    uct_usnic_ep_t *ep = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    const uct_usnic_device_addr_t *dev_addr;
+    const uct_usnic_iface_addr_t *if_addr;
+
+    if (!ucs_test_all_flags(params->field_mask,
+                            UCT_EP_IS_CONNECTED_FIELD_DEVICE_ADDR |
+                            UCT_EP_IS_CONNECTED_FIELD_IFACE_ADDR)) {
+        return 0;
+    }
+
+    dev_addr = (const uct_usnic_device_addr_t*)params->device_addr;
+    if_addr  = (const uct_usnic_iface_addr_t*)params->iface_addr;
+    return (dev_addr->in_addr == ep->peer_dev_addr.in_addr) &&
+           (dev_addr->ns_id == ep->peer_dev_addr.ns_id) &&
+           !memcmp(if_addr, &ep->peer_iface_addr, sizeof(*if_addr));
+}

@@ -1,0 +1,159 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#ifndef UCT_USNIC_EP_H
+#define UCT_USNIC_EP_H
+
+#include "usnic_iface.h"
+#include "usnic_proto.h"
+
+#include <ucs/datastruct/arbiter.h>
+#include <ucs/datastruct/queue.h>
+
+
+enum {
+    UCT_USNIC_TX_DESC_FLAG_SACKED  = UCS_BIT(0), /* Peer has it, out of order */
+    UCT_USNIC_TX_DESC_FLAG_UNSENT  = UCS_BIT(1)  /* Send queue was full */
+};
+
+
+/**
+ * A datagram kept until the peer acknowledges it.
+ */
+typedef struct uct_usnic_tx_desc {
+    ucs_queue_elem_t  queue;     /* Entry in the ep's window, in PSN order */
+    ucs_time_t        send_time; /* Last (re)transmission */
+    uct_usnic_psn_t   psn;
+    uint16_t          length;    /* Datagram bytes */
+    uint8_t           flags;     /* UCT_USNIC_TX_DESC_FLAG_xx */
+    uint8_t           resends;
+    /* uct_usnic_hdr_t and the rest of the datagram follow */
+} uct_usnic_tx_desc_t;
+
+
+/**
+ * Flush request waiting for everything sent before it to be acknowledged.
+ */
+typedef struct uct_usnic_flush_req {
+    ucs_queue_elem_t  queue;
+    uct_usnic_psn_t   psn;       /* Completes when this PSN is acknowledged */
+    uct_completion_t  *comp;
+} uct_usnic_flush_req_t;
+
+
+/**
+ * Endpoint: the sending side of one stream to a peer iface.
+ */
+typedef struct uct_usnic_ep {
+    uct_base_ep_t         super;
+    uint32_t              id;              /* Index in iface->eps */
+    uint32_t              serial;          /* Unique within the iface */
+    uint32_t              peer_incarnation;
+    uint32_t              peer_stream_id;  /* NONE until the first ACK */
+    uct_usnic_device_addr_t peer_dev_addr;
+    uct_usnic_iface_addr_t  peer_iface_addr;
+    fi_addr_t             peer_fi_addr;    /* Peer's data channel */
+    uct_usnic_psn_t       next_psn;        /* PSN of the next new packet */
+    uct_usnic_psn_t       acked_psn;       /* Everything up to here ACKed */
+    unsigned              tx_count;        /* Packets in the window */
+    ucs_queue_head_t      window;          /* uct_usnic_tx_desc_t */
+    ucs_queue_head_t      flush_reqs;      /* uct_usnic_flush_req_t */
+    ucs_arbiter_group_t   arb_group;       /* Pending requests */
+    ucs_list_link_t       active_list;     /* In iface->active_eps */
+    unsigned              cwnd;            /* Congestion window */
+    unsigned              ssthresh;        /* Slow start threshold */
+    unsigned              cwnd_acked;      /* ACKed since cwnd last grew */
+    uct_usnic_psn_t       recovery_psn;    /* Loss recovery ends past it */
+    ucs_time_t            rto;             /* Retransmission timeout */
+    ucs_time_t            srtt;            /* Smoothed round-trip time */
+    ucs_time_t            rttvar;
+} uct_usnic_ep_t;
+
+
+UCS_CLASS_DECLARE(uct_usnic_ep_t, const uct_ep_params_t*);
+UCS_CLASS_DECLARE_NEW_FUNC(uct_usnic_ep_t, uct_ep_t, const uct_ep_params_t*);
+UCS_CLASS_DECLARE_DELETE_FUNC(uct_usnic_ep_t, uct_ep_t);
+
+
+ucs_status_t uct_usnic_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header,
+                                   const void *payload, unsigned length);
+
+ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
+                              uct_pack_callback_t pack_cb, void *arg,
+                              unsigned flags);
+
+ucs_status_t uct_usnic_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req,
+                                      unsigned flags);
+
+void uct_usnic_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb,
+                                void *arg);
+
+ucs_status_t uct_usnic_ep_flush(uct_ep_h tl_ep, unsigned flags,
+                                uct_completion_t *comp);
+
+int uct_usnic_ep_is_connected(uct_ep_h tl_ep,
+                              const uct_ep_is_connected_params_t *params);
+
+ucs_arbiter_cb_result_t uct_usnic_ep_do_pending(ucs_arbiter_t *arbiter,
+                                                ucs_arbiter_group_t *group,
+                                                ucs_arbiter_elem_t *elem,
+                                                void *arg);
+
+
+/* Send engine (usnic_tx.c) */
+
+uct_usnic_tx_desc_t *uct_usnic_tx_desc_get(uct_usnic_ep_t *ep);
+
+void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
+                       uint8_t am_id, uint8_t flags, size_t payload_length);
+
+void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface, uint32_t ep_id,
+                             const uct_usnic_hdr_t *hdr,
+                             const uct_usnic_ack_body_t *ack);
+
+unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface);
+
+void uct_usnic_tx_window_purge(uct_usnic_ep_t *ep, ucs_status_t status);
+
+
+static UCS_F_ALWAYS_INLINE uct_usnic_hdr_t *
+uct_usnic_tx_desc_hdr(uct_usnic_iface_t *iface, uct_usnic_tx_desc_t *desc)
+{
+    return (uct_usnic_hdr_t*)UCS_PTR_BYTE_OFFSET(desc,
+                                                 iface->config.tx_hdr_offset);
+}
+
+
+static UCS_F_ALWAYS_INLINE uct_usnic_iface_t *
+uct_usnic_ep_iface(uct_usnic_ep_t *ep)
+{
+    return ucs_derived_of(ep->super.super.iface, uct_usnic_iface_t);
+}
+
+
+/* Whether num_packets more packets fit in the ep's (congestion) window and
+ * in the iface's send buffers */
+static UCS_F_ALWAYS_INLINE int uct_usnic_ep_has_room(uct_usnic_ep_t *ep,
+                                                     unsigned num_packets)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+
+    return (ep->tx_count + num_packets <= ep->cwnd) &&
+           (iface->tx_outstanding + num_packets <= iface->config.tx_max_bufs);
+}
+
+
+/* Whether num_packets new packets may go now: with room for them, and
+ * without overtaking pending requests (unless those are being dispatched) */
+static UCS_F_ALWAYS_INLINE int uct_usnic_ep_can_send(uct_usnic_ep_t *ep,
+                                                     unsigned num_packets)
+{
+    return (uct_usnic_ep_iface(ep)->in_pending ||
+            ucs_arbiter_group_is_empty(&ep->arb_group)) &&
+           uct_usnic_ep_has_room(ep, num_packets);
+}
+
+#endif

@@ -1,0 +1,91 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#ifndef UCT_USNIC_PROTO_H
+#define UCT_USNIC_PROTO_H
+
+#include <ucs/sys/compiler_def.h>
+#include <ucs/sys/math.h>
+
+#include <stdint.h>
+
+
+/*
+ * Wire format of the reliable protocol; docs/protocol.md explains it.
+ * All fields are little-endian, except addresses and ports (network order).
+ */
+
+#define UCT_USNIC_PROTO_VERSION 1
+
+/* Stream id of a packet whose sender does not know the receiver's stream
+ * yet: the packet carries an open extension instead */
+#define UCT_USNIC_STREAM_ID_NONE UINT32_MAX
+
+
+typedef uint32_t uct_usnic_psn_t;
+
+
+/* Wraparound-safe comparison of packet sequence numbers */
+#define UCT_USNIC_PSN_LT(_a, _b) UCS_CIRCULAR_COMPARE32(_a, <, _b)
+#define UCT_USNIC_PSN_LE(_a, _b) UCS_CIRCULAR_COMPARE32(_a, <=, _b)
+#define UCT_USNIC_PSN_GT(_a, _b) UCS_CIRCULAR_COMPARE32(_a, >, _b)
+#define UCT_USNIC_PSN_GE(_a, _b) UCS_CIRCULAR_COMPARE32(_a, >=, _b)
+
+
+typedef enum {
+    UCT_USNIC_PKT_AM    = 1, /* Active message (fragment), data channel */
+    UCT_USNIC_PKT_ACK   = 2, /* Acknowledgement, priority channel */
+    UCT_USNIC_PKT_LAST
+} uct_usnic_pkt_type_t;
+
+
+enum {
+    UCT_USNIC_PKT_FLAG_FIRST = UCS_BIT(0), /* First fragment of a message */
+    UCT_USNIC_PKT_FLAG_LAST  = UCS_BIT(1), /* Last fragment of a message */
+    UCT_USNIC_PKT_FLAG_OPEN  = UCS_BIT(2)  /* Open trailer at the end */
+};
+
+
+/**
+ * Header of every datagram (16 bytes).
+ */
+typedef struct uct_usnic_hdr {
+    uint8_t  version;     /* UCT_USNIC_PROTO_VERSION */
+    uint8_t  type;        /* uct_usnic_pkt_type_t */
+    uint8_t  flags;       /* UCT_USNIC_PKT_FLAG_xx */
+    uint8_t  am_id;       /* AM id of an AM packet */
+    uint32_t incarnation; /* Receiving iface's incarnation */
+    uint32_t stream_id;   /* AM: receiver's stream; ACK: receiver's ep */
+    uint32_t psn;         /* AM: sequence number; ACK: cumulative ACK */
+} UCS_S_PACKED uct_usnic_hdr_t;
+
+
+/**
+ * Open trailer: who sends, so the receiver can create its stream and send
+ * ACKs back. Carried at the end of AM packets (so the payload offset stays
+ * fixed) until the first ACK tells the sender the receiver's stream id.
+ */
+typedef struct uct_usnic_open_ext {
+    uint32_t src_incarnation; /* Sending iface */
+    uint32_t src_ep_id;       /* Sending ep: ACKs are addressed to it */
+    uint32_t src_ep_serial;   /* Tells apart eps that reuse an id */
+    uint32_t src_in_addr;     /* Sending iface's IPv4 address */
+    uint16_t src_prio_port;   /* Where ACKs go */
+    uint16_t src_data_port;
+} UCS_S_PACKED uct_usnic_open_ext_t;
+
+
+/**
+ * Body of a standalone ACK.
+ */
+typedef struct uct_usnic_ack_body {
+    uint32_t src_incarnation; /* Acknowledging iface */
+    uint32_t stream_id;       /* Its stream: the sender uses it from now on */
+    uint32_t ep_serial;       /* Acknowledged ep, from its open extension */
+    uint64_t sack;            /* Bit i: psn + 2 + i arrived */
+} UCS_S_PACKED uct_usnic_ack_body_t;
+
+#endif

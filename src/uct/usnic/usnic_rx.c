@@ -1,0 +1,476 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#ifdef HAVE_CONFIG_H
+#  include "config.h"
+#endif
+
+#include "usnic_rx.h"
+#include "usnic_ep.h"
+
+#include <ucs/debug/log.h>
+
+
+static UCS_F_ALWAYS_INLINE uint64_t uct_usnic_rx_stream_key(uint32_t incarnation,
+                                                            uint32_t ep_serial)
+{
+    return ((uint64_t)incarnation << 32) | ep_serial;
+}
+
+static void uct_usnic_rx_schedule_ack(uct_usnic_iface_t *iface,
+                                      uct_usnic_rx_stream_t *stream)
+{
+    if (ucs_list_is_empty(&stream->ack_list)) {
+        stream->unacked_since = ucs_get_time();
+        ucs_list_add_tail(&iface->ack_streams, &stream->ack_list);
+    }
+}
+
+static uct_usnic_rx_stream_t *
+uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
+                           const uct_usnic_open_ext_t *open, uint64_t key,
+                           uct_usnic_psn_t first_psn)
+{
+    uct_usnic_rx_stream_t *stream;
+    ucs_status_t status;
+    khiter_t iter;
+    int ret;
+
+    stream = ucs_calloc(1, sizeof(*stream), "usnic_rx_stream");
+    if (stream == NULL) {
+        return NULL;
+    }
+
+    status = uct_usnic_iface_av_insert(iface, open->src_in_addr,
+                                       open->src_prio_port,
+                                       &stream->ack_fi_addr);
+    if (status != UCS_OK) {
+        ucs_free(stream);
+        return NULL;
+    }
+
+    iter = kh_put(uct_usnic_streams, &iface->stream_hash, key, &ret);
+    if (ret < 0) {
+        ucs_free(stream);
+        return NULL;
+    }
+
+    stream->id           = ucs_ptr_array_insert(&iface->streams, stream);
+    stream->key          = key;
+    stream->src_ep_id    = open->src_ep_id;
+    stream->expected_psn = first_psn;
+    ucs_list_head_init(&stream->ack_list);
+    kh_value(&iface->stream_hash, iter) = stream->id;
+
+    ucs_debug("iface %p: new rx stream %u from ep %u of iface 0x%x", iface,
+              stream->id, open->src_ep_id, open->src_incarnation);
+    return stream;
+}
+
+void uct_usnic_rx_stream_destroy(uct_usnic_iface_t *iface,
+                                 uct_usnic_rx_stream_t *stream)
+{
+    khiter_t iter;
+    unsigned i;
+
+    if (stream->ooo != NULL) {
+        for (i = 0; i < iface->config.window; ++i) {
+            if (stream->ooo[i] != NULL) {
+                uct_usnic_channel_rx_desc_put(stream->ooo[i]);
+            }
+        }
+        ucs_free(stream->ooo);
+    }
+
+    if (stream->am_buf != NULL) {
+        ucs_mpool_put(stream->am_buf);
+    }
+
+    ucs_list_del(&stream->ack_list);
+    iter = kh_get(uct_usnic_streams, &iface->stream_hash, stream->key);
+    if (iter != kh_end(&iface->stream_hash)) {
+        kh_del(uct_usnic_streams, &iface->stream_hash, iter);
+    }
+    ucs_ptr_array_remove(&iface->streams, stream->id);
+    ucs_free(stream);
+}
+
+/* Find the stream of an AM packet, creating it on an open trailer */
+static uct_usnic_rx_stream_t *
+uct_usnic_rx_stream_get(uct_usnic_iface_t *iface, const uct_usnic_hdr_t *hdr,
+                        const uct_usnic_open_ext_t *open)
+{
+    uct_usnic_rx_stream_t *stream;
+    khiter_t iter;
+    uint64_t key;
+
+    if (hdr->stream_id != UCT_USNIC_STREAM_ID_NONE) {
+        if (!ucs_ptr_array_lookup(&iface->streams, hdr->stream_id, stream)) {
+            uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_STREAM);
+            return NULL;
+        }
+        return stream;
+    }
+
+    if (open == NULL) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+        return NULL;
+    }
+
+    key  = uct_usnic_rx_stream_key(open->src_incarnation, open->src_ep_serial);
+    iter = kh_get(uct_usnic_streams, &iface->stream_hash, key);
+    if (iter != kh_end(&iface->stream_hash)) {
+        if (!ucs_ptr_array_lookup(&iface->streams,
+                                  kh_value(&iface->stream_hash, iter),
+                                  stream)) {
+            uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_STREAM);
+            return NULL;
+        }
+        return stream;
+    }
+
+    /* Every ep starts at PSN 1; an open trailer on a later PSN means the
+     * start of the stream was lost and will be resent */
+    stream = uct_usnic_rx_stream_create(iface, open, key, 1);
+    if (stream == NULL) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_RESOURCE);
+    }
+    return stream;
+}
+
+static ucs_status_t
+uct_usnic_rx_invoke_am(uct_usnic_iface_t *iface, uint8_t am_id, void *data,
+                       size_t length, uct_recv_desc_t *release)
+{
+    ucs_status_t status;
+
+    uct_iface_trace_am(&iface->super, UCT_AM_TRACE_TYPE_RECV, am_id, data,
+                       length, "RX: AM");
+    status = uct_iface_invoke_am(&iface->super, am_id, data, length,
+                                 UCT_CB_PARAM_FLAG_DESC);
+    if (status == UCS_INPROGRESS) {
+        /* The user keeps the data and releases it later */
+        uct_recv_desc(UCS_PTR_BYTE_OFFSET(data, -iface->config.rx_headroom)) =
+                release;
+    }
+
+    return status;
+}
+
+/*
+ * Deliver the payload of the next in-order packet. Returns UCS_INPROGRESS
+ * when the user kept the receive descriptor.
+ */
+static ucs_status_t
+uct_usnic_rx_deliver(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
+                     uct_usnic_rx_desc_t *desc, const uct_usnic_hdr_t *hdr,
+                     void *payload, size_t length)
+{
+    uct_usnic_am_buf_t *am_buf = stream->am_buf;
+    uint8_t flags              = hdr->flags;
+    ucs_status_t status;
+    void *data;
+
+    if (ucs_likely(ucs_test_all_flags(flags, UCT_USNIC_PKT_FLAG_FIRST |
+                                             UCT_USNIC_PKT_FLAG_LAST) &&
+                   (am_buf == NULL))) {
+        return uct_usnic_rx_invoke_am(iface, hdr->am_id, payload, length,
+                                      &desc->release);
+    }
+
+    if (flags & UCT_USNIC_PKT_FLAG_FIRST) {
+        if (am_buf != NULL) {
+            /* The sender never starts a message inside another one */
+            ucs_mpool_put(am_buf);
+            uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+        }
+
+        am_buf = ucs_mpool_get(&iface->am_buf_mp);
+        if (am_buf == NULL) {
+            ucs_error("failed to allocate a usnic reassembly buffer");
+            stream->am_buf = NULL;
+            return UCS_OK;
+        }
+
+        am_buf->length = 0;
+        am_buf->am_id  = hdr->am_id;
+        stream->am_buf = am_buf;
+    } else if (am_buf == NULL) {
+        /* Continuation of a message whose start was refused */
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+        return UCS_OK;
+    }
+
+    data = UCS_PTR_BYTE_OFFSET(am_buf, iface->config.am_buf_offset);
+    if ((am_buf->length + length) > iface->config.max_bcopy) {
+        ucs_mpool_put(am_buf);
+        stream->am_buf = NULL;
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+        return UCS_OK;
+    }
+
+    memcpy(UCS_PTR_BYTE_OFFSET(data, am_buf->length), payload, length);
+    am_buf->length += length;
+    if (!(flags & UCT_USNIC_PKT_FLAG_LAST)) {
+        return UCS_OK;
+    }
+
+    stream->am_buf = NULL;
+    status = uct_usnic_rx_invoke_am(iface, am_buf->am_id, data,
+                                    am_buf->length, &am_buf->release);
+    if (status != UCS_INPROGRESS) {
+        ucs_mpool_put(am_buf);
+    }
+
+    return UCS_OK;
+}
+
+/* Parse and check a datagram of the data channel */
+static const uct_usnic_hdr_t *
+uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
+                   const uct_usnic_open_ext_t **open_p, size_t *payload_len_p)
+{
+    const uct_usnic_hdr_t *hdr = data;
+    size_t trailer             = 0;
+
+    if (ucs_unlikely((length < sizeof(*hdr)) ||
+                     (hdr->version != UCT_USNIC_PROTO_VERSION) ||
+                     (hdr->type != UCT_USNIC_PKT_AM) ||
+                     (hdr->am_id >= UCT_AM_ID_MAX))) {
+        goto err_invalid;
+    }
+
+    if (hdr->flags & UCT_USNIC_PKT_FLAG_OPEN) {
+        trailer = sizeof(uct_usnic_open_ext_t);
+        if (length < (sizeof(*hdr) + trailer)) {
+            goto err_invalid;
+        }
+        *open_p = UCS_PTR_BYTE_OFFSET(data, length - trailer);
+    } else {
+        *open_p = NULL;
+    }
+
+    if (ucs_unlikely(hdr->incarnation != iface->incarnation)) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_STALE);
+        return NULL;
+    }
+
+    *payload_len_p = length - sizeof(*hdr) - trailer;
+    return hdr;
+
+err_invalid:
+    uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+    return NULL;
+}
+
+/* Deliver the packets kept in the reorder ring that are now in order */
+static void uct_usnic_rx_drain_ooo(uct_usnic_iface_t *iface,
+                                   uct_usnic_channel_t *channel,
+                                   uct_usnic_rx_stream_t *stream)
+{
+    unsigned window = iface->config.window;
+    const uct_usnic_open_ext_t *open;
+    const uct_usnic_hdr_t *hdr;
+    uct_usnic_rx_desc_t *desc;
+    size_t payload_len;
+    unsigned slot;
+    void *data;
+
+    while (stream->ooo_count > 0) {
+        slot = stream->expected_psn % window;
+        desc = stream->ooo[slot];
+        if (desc == NULL) {
+            break;
+        }
+
+        stream->ooo[slot] = NULL;
+        --stream->ooo_count;
+        ++stream->expected_psn;
+        ++stream->unacked;
+
+        data = uct_usnic_rx_desc_data(channel, desc);
+        hdr  = uct_usnic_rx_parse(iface, data, desc->length, &open,
+                                  &payload_len);
+        ucs_assert(hdr != NULL);
+        if (uct_usnic_rx_deliver(iface, stream, desc, hdr, (void*)(hdr + 1),
+                                 payload_len) != UCS_INPROGRESS) {
+            uct_usnic_channel_rx_desc_put(desc);
+        }
+    }
+}
+
+/* Keep a packet that arrived ahead of a hole */
+static ucs_status_t uct_usnic_rx_keep_ooo(uct_usnic_iface_t *iface,
+                                          uct_usnic_rx_stream_t *stream,
+                                          uct_usnic_rx_desc_t *desc,
+                                          uct_usnic_psn_t psn)
+{
+    unsigned window = iface->config.window;
+    unsigned slot   = psn % window;
+
+    if ((psn - stream->expected_psn) >= window) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_OUT_OF_WINDOW);
+        return UCS_OK;
+    }
+
+    if (stream->ooo == NULL) {
+        stream->ooo = ucs_calloc(window, sizeof(*stream->ooo),
+                                 "usnic_rx_ooo");
+        if (stream->ooo == NULL) {
+            uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_RESOURCE);
+            return UCS_OK;
+        }
+    }
+
+    if (stream->ooo[slot] != NULL) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_DUPLICATE);
+        return UCS_OK;
+    }
+
+    stream->ooo[slot] = desc;
+    ++stream->ooo_count;
+    return UCS_INPROGRESS;
+}
+
+ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
+                               uct_usnic_rx_desc_t *desc, void *data,
+                               size_t length)
+{
+    uct_usnic_iface_t *iface = ucs_derived_of(channel->iface,
+                                              uct_usnic_iface_t);
+    const uct_usnic_open_ext_t *open;
+    const uct_usnic_hdr_t *hdr;
+    uct_usnic_rx_stream_t *stream;
+    ucs_status_t status;
+    size_t payload_len;
+    uct_usnic_psn_t psn;
+
+    hdr = uct_usnic_rx_parse(iface, data, length, &open, &payload_len);
+    if (ucs_unlikely(hdr == NULL)) {
+        return UCS_OK;
+    }
+
+    stream = uct_usnic_rx_stream_get(iface, hdr, open);
+    if (ucs_unlikely(stream == NULL)) {
+        return UCS_OK;
+    }
+
+    ++iface->stats.rx_packets;
+    psn = hdr->psn;
+    ucs_trace_data("stream %u: rx psn %u (expected %u) length %zu flags 0x%x",
+                   stream->id, psn, stream->expected_psn, payload_len,
+                   hdr->flags);
+
+    uct_usnic_rx_schedule_ack(iface, stream);
+    if (ucs_likely(psn == stream->expected_psn)) {
+        ++stream->expected_psn;
+        ++stream->unacked;
+        status = uct_usnic_rx_deliver(iface, stream, desc, hdr,
+                                      (void*)(hdr + 1), payload_len);
+        if (ucs_unlikely(stream->ooo_count > 0)) {
+            uct_usnic_rx_drain_ooo(iface, channel, stream);
+        }
+        return status;
+    }
+
+    /* A duplicate or a hole: tell the sender at once */
+    stream->ack_now = 1;
+    if (UCT_USNIC_PSN_LT(psn, stream->expected_psn)) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_DUPLICATE);
+        return UCS_OK;
+    }
+
+    desc->length = length;
+    return uct_usnic_rx_keep_ooo(iface, stream, desc, psn);
+}
+
+static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
+                                  uct_usnic_rx_stream_t *stream)
+{
+    unsigned window = iface->config.window;
+    struct {
+        uct_usnic_hdr_t      hdr;
+        uct_usnic_ack_body_t body;
+    } UCS_S_PACKED ack;
+    unsigned i;
+
+    ack.hdr.version          = UCT_USNIC_PROTO_VERSION;
+    ack.hdr.type             = UCT_USNIC_PKT_ACK;
+    ack.hdr.flags            = 0;
+    ack.hdr.am_id            = 0;
+    ack.hdr.incarnation      = stream->key >> 32;
+    ack.hdr.stream_id        = stream->src_ep_id;
+    ack.hdr.psn              = stream->expected_psn - 1;
+    ack.body.src_incarnation = iface->incarnation;
+    ack.body.stream_id       = stream->id;
+    ack.body.ep_serial       = (uint32_t)stream->key;
+    ack.body.sack            = 0;
+
+    if (stream->ooo_count > 0) {
+        for (i = 0; i < ucs_min(64, window - 1); ++i) {
+            if (stream->ooo[(stream->expected_psn + 1 + i) % window] != NULL) {
+                ack.body.sack |= UCS_BIT(i);
+            }
+        }
+    }
+
+    ++iface->stats.tx_acks;
+    uct_usnic_iface_send_ctrl(iface, stream->ack_fi_addr, &ack, sizeof(ack));
+}
+
+unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface, int force)
+{
+    ucs_time_t now = ucs_get_time();
+    uct_usnic_rx_stream_t *stream, *tmp;
+    unsigned count = 0;
+
+    ucs_list_for_each_safe(stream, tmp, &iface->ack_streams, ack_list) {
+        if (!force && !stream->ack_now &&
+            (stream->unacked < iface->config.ack_freq) &&
+            ((now - stream->unacked_since) < iface->config.ack_delay)) {
+            continue;
+        }
+
+        uct_usnic_rx_send_ack(iface, stream);
+        stream->unacked = 0;
+        stream->ack_now = 0;
+        ucs_list_del(&stream->ack_list);
+        ucs_list_head_init(&stream->ack_list);
+        ++count;
+    }
+
+    return count;
+}
+
+ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
+                               uct_usnic_rx_desc_t *desc, void *data,
+                               size_t length)
+{
+    uct_usnic_iface_t *iface   = ucs_derived_of(channel->iface,
+                                                uct_usnic_iface_t);
+    const uct_usnic_hdr_t *hdr = data;
+
+    if ((length < (sizeof(*hdr) + sizeof(uct_usnic_ack_body_t))) ||
+        (hdr->version != UCT_USNIC_PROTO_VERSION) ||
+        (hdr->type != UCT_USNIC_PKT_ACK)) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+        return UCS_OK;
+    }
+
+    if (hdr->incarnation != iface->incarnation) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_STALE);
+        return UCS_OK;
+    }
+
+    uct_usnic_tx_handle_ack(iface, hdr->stream_id, hdr,
+                            (const uct_usnic_ack_body_t*)(hdr + 1));
+    return UCS_OK;
+}
+
+void uct_usnic_am_buf_release(uct_recv_desc_t *self, void *desc)
+{
+    ucs_mpool_put(ucs_container_of(self, uct_usnic_am_buf_t, release));
+}

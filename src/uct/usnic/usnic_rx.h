@@ -1,0 +1,60 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#ifndef UCT_USNIC_RX_H
+#define UCT_USNIC_RX_H
+
+#include "usnic_iface.h"
+#include "usnic_proto.h"
+
+
+/**
+ * Message being reassembled from several datagrams; delivered to the user
+ * like a receive descriptor.
+ */
+typedef struct uct_usnic_am_buf {
+    uct_recv_desc_t release; /* Returns the buffer to its pool */
+    size_t          length;  /* Bytes gathered so far */
+    uint8_t         am_id;
+    /* headroom and the message follow at iface->config.am_buf_offset */
+} uct_usnic_am_buf_t;
+
+
+/**
+ * Receiving side of one stream: one per remote ep that sends to this iface.
+ */
+typedef struct uct_usnic_rx_stream {
+    uint32_t             id;              /* Index in iface->streams */
+    uint64_t             key;             /* Sender incarnation and ep */
+    uint32_t             src_ep_id;       /* Addressee of our ACKs */
+    fi_addr_t            ack_fi_addr;     /* Sender's priority channel */
+    uct_usnic_psn_t      expected_psn;    /* Next PSN to deliver */
+    unsigned             unacked;         /* Delivered since the last ACK */
+    ucs_time_t           unacked_since;
+    int                  ack_now;         /* Gap or duplicate: ACK at once */
+    ucs_list_link_t      ack_list;        /* In iface->ack_streams */
+    uct_usnic_rx_desc_t  **ooo;           /* Reorder ring, on first gap */
+    unsigned             ooo_count;
+    uct_usnic_am_buf_t   *am_buf;         /* Message being reassembled */
+} uct_usnic_rx_stream_t;
+
+
+ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
+                               uct_usnic_rx_desc_t *desc, void *data,
+                               size_t length);
+
+ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
+                               uct_usnic_rx_desc_t *desc, void *data,
+                               size_t length);
+
+unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface, int force);
+
+void uct_usnic_rx_stream_destroy(uct_usnic_iface_t *iface,
+                                 uct_usnic_rx_stream_t *stream);
+
+void uct_usnic_am_buf_release(uct_recv_desc_t *self, void *desc);
+
+#endif

@@ -1,0 +1,356 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#ifdef HAVE_CONFIG_H
+#  include "config.h"
+#endif
+
+#include "usnic_ep.h"
+
+#include <ucs/debug/log.h>
+
+#include <rdma/fi_errno.h>
+
+
+/* Send one datagram of the window (again) */
+static void uct_usnic_tx_send(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
+                              uct_usnic_tx_desc_t *desc, ucs_time_t now)
+{
+    uct_usnic_channel_t *channel = &iface->channels[UCT_USNIC_CHANNEL_DATA];
+    ssize_t ret;
+
+    ret = fi_inject(channel->ep,
+                    UCS_PTR_BYTE_OFFSET(uct_usnic_tx_desc_hdr(iface, desc),
+                                        -channel->prefix_size),
+                    channel->prefix_size + desc->length, ep->peer_fi_addr);
+    if (ucs_likely(ret == 0)) {
+        desc->flags    &= ~UCT_USNIC_TX_DESC_FLAG_UNSENT;
+        desc->send_time = now;
+        return;
+    }
+
+    if (ret != -FI_EAGAIN) {
+        ucs_diag("%s: fi_inject(psn %u) failed: %s", channel->name, desc->psn,
+                 fi_strerror(-ret));
+    }
+
+    /* Kept in the window: the timer sends it as soon as it can */
+    desc->flags           |= UCT_USNIC_TX_DESC_FLAG_UNSENT;
+    desc->send_time        = 0;
+    iface->next_timer_check = now;
+}
+
+void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
+                       uint8_t am_id, uint8_t flags, size_t payload_length)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uct_usnic_hdr_t *hdr     = uct_usnic_tx_desc_hdr(iface, desc);
+    uct_usnic_open_ext_t *open;
+
+    hdr->version     = UCT_USNIC_PROTO_VERSION;
+    hdr->type        = UCT_USNIC_PKT_AM;
+    hdr->am_id       = am_id;
+    hdr->incarnation = ep->peer_incarnation;
+    hdr->stream_id   = ep->peer_stream_id;
+    hdr->psn         = ep->next_psn++;
+    desc->length     = sizeof(*hdr) + payload_length;
+
+    if (ep->peer_stream_id == UCT_USNIC_STREAM_ID_NONE) {
+        flags                |= UCT_USNIC_PKT_FLAG_OPEN;
+        open                  = UCS_PTR_BYTE_OFFSET(hdr, desc->length);
+        open->src_incarnation = iface->incarnation;
+        open->src_ep_id       = ep->id;
+        open->src_ep_serial   = ep->serial;
+        open->src_in_addr     = iface->dev_addr.in_addr;
+        open->src_prio_port   =
+                iface->channels[UCT_USNIC_CHANNEL_PRIO].addr.sin_port;
+        open->src_data_port   =
+                iface->channels[UCT_USNIC_CHANNEL_DATA].addr.sin_port;
+        desc->length         += sizeof(*open);
+    }
+
+    hdr->flags    = flags;
+    desc->psn     = hdr->psn;
+    desc->flags   = 0;
+    desc->resends = 0;
+
+    if (ep->tx_count++ == 0) {
+        ucs_list_add_tail(&iface->active_eps, &ep->active_list);
+    }
+    ++iface->tx_outstanding;
+    ++iface->stats.tx_packets;
+    ucs_queue_push(&ep->window, &desc->queue);
+
+    ucs_trace_data("ep %p: tx psn %u length %u flags 0x%x", ep, desc->psn,
+                   desc->length, flags);
+    uct_usnic_tx_send(iface, ep, desc, ucs_get_time());
+}
+
+static void uct_usnic_tx_desc_release(uct_usnic_iface_t *iface,
+                                      uct_usnic_ep_t *ep,
+                                      uct_usnic_tx_desc_t *desc)
+{
+    --ep->tx_count;
+    --iface->tx_outstanding;
+    ucs_mpool_put_inline(desc);
+}
+
+static void uct_usnic_tx_flush_complete(uct_usnic_ep_t *ep, int all,
+                                        ucs_status_t status)
+{
+    uct_usnic_flush_req_t *req;
+
+    while (!ucs_queue_is_empty(&ep->flush_reqs)) {
+        req = ucs_queue_head_elem_non_empty(&ep->flush_reqs,
+                                            uct_usnic_flush_req_t, queue);
+        if (!all && UCT_USNIC_PSN_GT(req->psn, ep->acked_psn)) {
+            break;
+        }
+
+        ucs_queue_pull_non_empty(&ep->flush_reqs);
+        uct_invoke_completion(req->comp, status);
+        ucs_free(req);
+    }
+}
+
+static void uct_usnic_tx_window_empty(uct_usnic_iface_t *iface,
+                                      uct_usnic_ep_t *ep)
+{
+    if (ep->tx_count == 0) {
+        ucs_list_del(&ep->active_list);
+    }
+}
+
+void uct_usnic_tx_window_purge(uct_usnic_ep_t *ep, ucs_status_t status)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    unsigned count           = ep->tx_count;
+    uct_usnic_tx_desc_t *desc;
+
+    while (!ucs_queue_is_empty(&ep->window)) {
+        desc = ucs_queue_pull_elem_non_empty(&ep->window, uct_usnic_tx_desc_t,
+                                             queue);
+        uct_usnic_tx_desc_release(iface, ep, desc);
+    }
+
+    if (count > 0) {
+        uct_usnic_tx_window_empty(iface, ep);
+    }
+    ep->acked_psn = ep->next_psn - 1;
+    uct_usnic_tx_flush_complete(ep, 1, status);
+}
+
+/* RFC 6298 estimator, in ucs_time_t units */
+static void uct_usnic_tx_rtt_sample(uct_usnic_iface_t *iface,
+                                    uct_usnic_ep_t *ep, ucs_time_t rtt)
+{
+    ucs_time_t delta;
+
+    if (ep->srtt == 0) {
+        ep->srtt   = rtt;
+        ep->rttvar = rtt / 2;
+    } else {
+        delta      = (rtt > ep->srtt) ? (rtt - ep->srtt) : (ep->srtt - rtt);
+        ep->rttvar = (3 * ep->rttvar + delta) / 4;
+        ep->srtt   = (7 * ep->srtt + rtt) / 8;
+    }
+
+    ep->rto = ucs_min(ucs_max(ep->srtt + 4 * ep->rttvar,
+                              iface->config.rto_min),
+                      iface->config.rto_max);
+}
+
+/* Additive increase: slow start below ssthresh, then one more packet per
+ * window's worth of ACKed packets */
+static void uct_usnic_tx_cwnd_grow(uct_usnic_iface_t *iface,
+                                   uct_usnic_ep_t *ep, unsigned acked)
+{
+    if (ep->cwnd < ep->ssthresh) {
+        ep->cwnd += acked;
+    } else {
+        ep->cwnd_acked += acked;
+        if (ep->cwnd_acked >= ep->cwnd) {
+            ep->cwnd_acked -= ep->cwnd;
+            ++ep->cwnd;
+        }
+    }
+
+    ep->cwnd = ucs_min(ep->cwnd, iface->config.window);
+}
+
+/* Multiplicative decrease, once per window of loss */
+static void uct_usnic_tx_cwnd_loss(uct_usnic_iface_t *iface,
+                                   uct_usnic_ep_t *ep, int timeout)
+{
+    if (!timeout && UCT_USNIC_PSN_LE(ep->acked_psn, ep->recovery_psn)) {
+        return; /* Already reacting to this window's loss */
+    }
+
+    ep->ssthresh     = ucs_max(ep->cwnd / 2, iface->config.cwnd_min);
+    ep->cwnd         = timeout ? iface->config.cwnd_min : ep->ssthresh;
+    ep->cwnd_acked   = 0;
+    ep->recovery_psn = ep->next_psn - 1;
+}
+
+static void uct_usnic_tx_resend(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
+                                uct_usnic_tx_desc_t *desc, ucs_time_t now)
+{
+    ucs_trace_data("ep %p: resend psn %u (resend %u)", ep, desc->psn,
+                   desc->resends + 1);
+    ++desc->resends;
+    ++iface->stats.tx_resends;
+    uct_usnic_tx_send(iface, ep, desc, now);
+}
+
+/*
+ * Selective ACK: mark what arrived beyond the first hole, and resend every
+ * hole below the highest PSN that arrived, at most once per round trip.
+ */
+static void uct_usnic_tx_handle_sack(uct_usnic_iface_t *iface,
+                                     uct_usnic_ep_t *ep, uint64_t sack,
+                                     ucs_time_t now)
+{
+    uct_usnic_psn_t highest = ep->acked_psn + 2 + ucs_ilog2(sack);
+    unsigned budget         = iface->config.max_resend;
+    uct_usnic_tx_desc_t *desc;
+    uct_usnic_psn_t offset;
+
+    ucs_queue_for_each(desc, &ep->window, queue) {
+        if (UCT_USNIC_PSN_GE(desc->psn, highest) || (budget == 0)) {
+            break;
+        }
+
+        offset = desc->psn - ep->acked_psn - 2;
+        if ((offset < 64) && (sack & UCS_BIT(offset))) {
+            desc->flags |= UCT_USNIC_TX_DESC_FLAG_SACKED;
+        } else if (!(desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED) &&
+                   ((now - desc->send_time) > ep->srtt)) {
+            uct_usnic_tx_cwnd_loss(iface, ep, 0);
+            uct_usnic_tx_resend(iface, ep, desc, now);
+            --budget;
+        }
+    }
+}
+
+void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface, uint32_t ep_id,
+                             const uct_usnic_hdr_t *hdr,
+                             const uct_usnic_ack_body_t *ack)
+{
+    uct_usnic_psn_t ack_psn = hdr->psn;
+    ucs_time_t now          = ucs_get_time();
+    unsigned acked          = 0;
+    uct_usnic_tx_desc_t *desc;
+    uct_usnic_ep_t *ep;
+
+    if (!ucs_ptr_array_lookup(&iface->eps, ep_id, ep) ||
+        (ep->serial != ack->ep_serial) ||
+        (ep->peer_incarnation != ack->src_incarnation)) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_STREAM);
+        return;
+    }
+
+
+    if (UCT_USNIC_PSN_GE(ack_psn, ep->next_psn) ||
+        UCT_USNIC_PSN_LT(ack_psn, ep->acked_psn)) {
+        /* Acknowledges what was never sent, or is older than what we know */
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+        return;
+    }
+
+    ++iface->stats.rx_acks;
+    ep->peer_stream_id = ack->stream_id;
+
+    while (!ucs_queue_is_empty(&ep->window)) {
+        desc = ucs_queue_head_elem_non_empty(&ep->window, uct_usnic_tx_desc_t,
+                                             queue);
+        if (UCT_USNIC_PSN_GT(desc->psn, ack_psn)) {
+            break;
+        }
+
+        /* Karn: a resent packet says nothing about the round trip */
+        if ((desc->resends == 0) && (desc->send_time != 0)) {
+            uct_usnic_tx_rtt_sample(iface, ep, now - desc->send_time);
+        }
+
+        ucs_queue_pull_non_empty(&ep->window);
+        uct_usnic_tx_desc_release(iface, ep, desc);
+        ++acked;
+    }
+
+    ep->acked_psn = ack_psn;
+    uct_usnic_tx_cwnd_grow(iface, ep, acked);
+    if (ep->tx_count == 0) {
+        uct_usnic_tx_window_empty(iface, ep);
+    } else if (ack->sack != 0) {
+        uct_usnic_tx_handle_sack(iface, ep, ack->sack, now);
+    }
+
+    uct_usnic_tx_flush_complete(ep, 0, UCS_OK);
+    ucs_arbiter_group_schedule(&iface->arbiter, &ep->arb_group);
+}
+
+/*
+ * Send what the send queue refused earlier, and on a timeout resend the
+ * oldest datagram the peer does not have (the ACK that follows tells about
+ * the rest) and back off. Returns the number of datagrams sent.
+ */
+static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
+                                       uct_usnic_ep_t *ep, ucs_time_t now,
+                                       unsigned budget)
+{
+    int oldest_checked = 0;
+    unsigned count     = 0;
+    uct_usnic_tx_desc_t *desc;
+
+    ucs_queue_for_each(desc, &ep->window, queue) {
+        if (count >= budget) {
+            break;
+        }
+
+        if (desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT) {
+            uct_usnic_tx_send(iface, ep, desc, now);
+            if (desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT) {
+                break; /* the send queue is still full */
+            }
+            ++count;
+        } else if (!oldest_checked &&
+                   !(desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED)) {
+            oldest_checked = 1;
+            if ((now - desc->send_time) >= ep->rto) {
+                uct_usnic_tx_cwnd_loss(iface, ep, 1);
+                uct_usnic_tx_resend(iface, ep, desc, now);
+                ep->rto = ucs_min(ep->rto * 2, iface->config.rto_max);
+                ++count;
+            }
+        }
+    }
+
+    return count;
+}
+
+unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface)
+{
+    ucs_time_t now  = ucs_get_time();
+    unsigned budget = iface->config.max_resend;
+    unsigned count  = 0;
+    uct_usnic_ep_t *ep;
+
+    if (ucs_likely(now < iface->next_timer_check)) {
+        return 0;
+    }
+
+    iface->next_timer_check = now + iface->config.rto_min / 4;
+    ucs_list_for_each(ep, &iface->active_eps, active_list) {
+        count += uct_usnic_tx_ep_timers(iface, ep, now, budget - count);
+        if (count >= budget) {
+            /* Come back soon for the rest, the fairest we can be cheaply */
+            iface->next_timer_check = now;
+            break;
+        }
+    }
+
+    return count;
+}
