@@ -127,13 +127,15 @@ build_libfabric() {
 
 # Mirror the module and its tests into the UCX tree. Files are copied, not
 # the directory linked: automake's relative top_srcdir would resolve through
-# a directory link into the wrong tree.
+# a directory link into the wrong tree. A changed file gets the time of the
+# copy, not of its edit: an edit made while an earlier build was compiling
+# the old copy must still look newer than that object.
 sync_module() {
-    local ucx=$1
-    mkdir -p "${ucx}/src/uct/usnic" "${ucx}/test/gtest/uct/usnic"
-    rsync -a --delete "${usnic_top}/src/uct/usnic/" "${ucx}/src/uct/usnic/"
-    rsync -a --delete "${usnic_top}/test/gtest/uct/usnic/" \
-        "${ucx}/test/gtest/uct/usnic/"
+    local ucx=$1 dir
+    for dir in src/uct/usnic test/gtest/uct/usnic; do
+        mkdir -p "${ucx}/${dir}"
+        rsync -rl --checksum --delete "${usnic_top}/${dir}/" "${ucx}/${dir}/"
+    done
 }
 
 # The few edits that make UCX build and test the module; each is applied

@@ -236,6 +236,8 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
     channel->rx_queue_len = params->rx_queue_len;
     channel->rx_batch     = params->rx_batch;
     channel->rx_posted    = 0;
+    channel->idle_polls   = 0;
+    channel->skipped_polls = 0;
     channel->max_msg_size = params->max_msg_size;
     channel->prefix_size  = (info->mode & FI_MSG_PREFIX) ?
                             info->ep_attr->msg_prefix_size : 0;

@@ -79,6 +79,8 @@ struct uct_usnic_channel {
     unsigned                  rx_posted;
     ucs_list_link_t           rx_posted_list;
     ucs_mpool_t               rx_mp;
+    unsigned                  idle_polls;   /* Empty polls in a row */
+    unsigned                  skipped_polls;
     struct sockaddr_in        addr;         /* Bound address and port */
     const char                *name;
 };
@@ -95,6 +97,35 @@ void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel);
 
 unsigned uct_usnic_channel_progress(uct_usnic_channel_t *channel,
                                     unsigned max_events);
+
+
+/*
+ * Poll a channel, or skip it if allowed: a channel that brought nothing in
+ * UCT_USNIC_CHANNEL_IDLE_POLLS polls in a row is then polled only on every
+ * UCT_USNIC_CHANNEL_POLL_INTERVAL-th call until it brings something again.
+ * With the udp provider every poll is a system call; a skipped one costs
+ * next to nothing. Callers allow skipping when the user sends between
+ * progress calls (streaming), not when the user spins on progress waiting
+ * for a datagram.
+ */
+#define UCT_USNIC_CHANNEL_IDLE_POLLS    2
+#define UCT_USNIC_CHANNEL_POLL_INTERVAL 16
+
+static UCS_F_ALWAYS_INLINE unsigned
+uct_usnic_channel_poll(uct_usnic_channel_t *channel, unsigned max_events,
+                       int may_skip)
+{
+    unsigned count;
+
+    if (may_skip && (channel->idle_polls >= UCT_USNIC_CHANNEL_IDLE_POLLS) &&
+        ((++channel->skipped_polls % UCT_USNIC_CHANNEL_POLL_INTERVAL) != 0)) {
+        return 0;
+    }
+
+    count               = uct_usnic_channel_progress(channel, max_events);
+    channel->idle_polls = (count > 0) ? 0 : (channel->idle_polls + 1);
+    return count;
+}
 
 
 static UCS_F_ALWAYS_INLINE void *

@@ -39,6 +39,22 @@
 #define UCT_USNIC_STUB(_type, _func) ((_type)(_func))
 
 
+static UCS_F_MAYBE_UNUSED unsigned
+uct_usnic_mpool_max_elems(const uct_iface_mpool_config_t *config)
+{
+    return (config->max_bufs < 0) ? UINT_MAX : config->max_bufs;
+}
+
+/* Buffers added at a time: the configured or given growth, never more than
+ * the pool may hold (a smaller MAX_BUFS alone must not be an error) */
+static UCS_F_MAYBE_UNUSED unsigned
+uct_usnic_mpool_grow(const uct_iface_mpool_config_t *config, unsigned grow)
+{
+    return ucs_min((config->bufs_grow != 0) ? config->bufs_grow : grow,
+                   uct_usnic_mpool_max_elems(config));
+}
+
+
 #if UCT_USNIC_UCX_GE(1, 22)
 
 #define UCT_USNIC_MD_QUERY(_func)          _func
@@ -102,11 +118,9 @@ uct_usnic_mpool_init(ucs_mpool_t *mp, size_t priv_size, size_t elem_size,
     params.elem_size       = elem_size;
     params.align_offset    = align_offset;
     params.alignment       = alignment;
-    params.elems_per_chunk = (config->bufs_grow != 0) ? config->bufs_grow :
-                                                        grow;
+    params.max_elems       = uct_usnic_mpool_max_elems(config);
+    params.elems_per_chunk = uct_usnic_mpool_grow(config, grow);
     params.max_chunk_size  = config->max_chunk_size;
-    params.max_elems       = (config->max_bufs < 0) ? UINT_MAX :
-                                                      config->max_bufs;
     params.grow_factor     = config->grow_factor;
     params.ops             = ops;
     params.name            = name;
@@ -320,9 +334,8 @@ uct_usnic_mpool_init(ucs_mpool_t *mp, size_t priv_size, size_t elem_size,
                      ucs_mpool_ops_t *ops, const char *name)
 {
     return ucs_mpool_init(mp, priv_size, elem_size, align_offset, alignment,
-                          (config->bufs_grow != 0) ? config->bufs_grow : grow,
-                          (config->max_bufs < 0) ? UINT_MAX : config->max_bufs,
-                          ops, name);
+                          uct_usnic_mpool_grow(config, grow),
+                          uct_usnic_mpool_max_elems(config), ops, name);
 }
 
 #endif /* UCX version */

@@ -9,10 +9,50 @@
 #endif
 
 #include "usnic_ep.h"
+#include "usnic_rx.h"
 
+#include <uct/base/uct_iov.inl>
 #include <ucs/debug/log.h>
-#include <ucs/debug/memtrack_int.h>
 
+
+/* Become the ep whose packets carry ACKs to the peer iface, if none is */
+static void uct_usnic_ep_pair(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep)
+{
+    uct_usnic_peer_t *peer = uct_usnic_iface_peer_get(iface,
+                                                      ep->peer_incarnation);
+
+    if ((peer == NULL) || (peer->ep != NULL)) {
+        return; /* ACKs to that peer go standalone or on another ep */
+    }
+
+    peer->ep = ep;
+    if (peer->stream != NULL) {
+        ep->ack_stream         = peer->stream;
+        peer->stream->ack_ep   = ep;
+    }
+}
+
+static void uct_usnic_ep_unpair(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep)
+{
+    khiter_t iter = kh_get(uct_usnic_peers, &iface->peers,
+                           ep->peer_incarnation);
+    uct_usnic_peer_t *peer;
+
+    if (iter == kh_end(&iface->peers)) {
+        return;
+    }
+
+    peer = &kh_value(&iface->peers, iter);
+    if (peer->ep != ep) {
+        return;
+    }
+
+    if (ep->ack_stream != NULL) {
+        ep->ack_stream->ack_ep = NULL;
+    }
+    peer->ep = NULL;
+    uct_usnic_iface_peer_put(iface, ep->peer_incarnation);
+}
 
 UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params)
 {
@@ -48,6 +88,7 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params)
     self->next_psn         = 1;
     self->acked_psn        = 0;
     self->tx_count         = 0;
+    self->unsent           = 0;
     self->cwnd             = iface->config.cwnd_init;
     self->ssthresh         = iface->config.window;
     self->cwnd_acked       = 0;
@@ -59,7 +100,9 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params)
     ucs_queue_head_init(&self->flush_reqs);
     ucs_arbiter_group_init(&self->arb_group);
     ucs_list_head_init(&self->active_list);
+    self->ack_stream       = NULL;
     self->id               = ucs_ptr_array_insert(&iface->eps, self);
+    uct_usnic_ep_pair(iface, self);
 
     ucs_debug("usnic ep %p: id %u to iface 0x%x", self, self->id,
               self->peer_incarnation);
@@ -71,6 +114,7 @@ UCS_CLASS_CLEANUP_FUNC(uct_usnic_ep_t)
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(self);
 
     uct_usnic_tx_window_purge(self, UCS_ERR_CANCELED);
+    uct_usnic_ep_unpair(iface, self);
     ucs_arbiter_group_cleanup(&self->arb_group);
     ucs_ptr_array_remove(&iface->eps, self->id);
 }
@@ -79,38 +123,83 @@ UCS_CLASS_DEFINE(uct_usnic_ep_t, uct_base_ep_t);
 UCS_CLASS_DEFINE_NEW_FUNC(uct_usnic_ep_t, uct_ep_t, const uct_ep_params_t*);
 UCS_CLASS_DEFINE_DELETE_FUNC(uct_usnic_ep_t, uct_ep_t);
 
-ucs_status_t uct_usnic_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header,
-                                   const void *payload, unsigned length)
+/* Take a send buffer for a one-datagram AM of the given length */
+static UCS_F_ALWAYS_INLINE ucs_status_t
+uct_usnic_ep_am_short_get(uct_usnic_ep_t *ep, uint8_t id, size_t length,
+                          uct_usnic_tx_desc_t **desc_p)
 {
-    uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
-    uct_usnic_tx_desc_t *desc;
-    uint64_t *data;
 
     UCT_CHECK_AM_ID(id);
-    UCT_CHECK_LENGTH(sizeof(header) + length, 0, iface->config.max_payload,
-                     "am_short");
+    UCT_CHECK_LENGTH(length, 0, iface->config.max_payload, "am_short");
 
     if (ucs_unlikely(!uct_usnic_ep_can_send(ep, 1))) {
         UCS_STATS_UPDATE_COUNTER(ep->super.stats, UCT_EP_STAT_NO_RES, 1);
         return UCS_ERR_NO_RESOURCE;
     }
 
-    desc = ucs_mpool_get_inline(&iface->tx_mp);
-    if (ucs_unlikely(desc == NULL)) {
-        return UCS_ERR_NO_RESOURCE;
-    }
+    *desc_p = ucs_mpool_get_inline(&iface->tx_mp);
+    return (*desc_p != NULL) ? UCS_OK : UCS_ERR_NO_RESOURCE;
+}
 
-    data    = (uint64_t*)(uct_usnic_tx_desc_hdr(iface, desc) + 1);
-    data[0] = header;
-    memcpy(data + 1, payload, length);
+static UCS_F_ALWAYS_INLINE void
+uct_usnic_ep_am_short_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
+                           uint8_t id, size_t length)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
 
-    uct_iface_trace_am(&iface->super, UCT_AM_TRACE_TYPE_SEND, id, data,
-                       sizeof(header) + length, "TX: AM_SHORT");
-    UCT_TL_EP_STAT_OP(&ep->super, AM, SHORT, sizeof(header) + length);
+    uct_iface_trace_am(&iface->super, UCT_AM_TRACE_TYPE_SEND, id,
+                       uct_usnic_tx_desc_hdr(iface, desc) + 1, length,
+                       "TX: AM_SHORT");
+    UCT_TL_EP_STAT_OP(&ep->super, AM, SHORT, length);
     uct_usnic_tx_post(ep, desc, id,
                       UCT_USNIC_PKT_FLAG_FIRST | UCT_USNIC_PKT_FLAG_LAST,
-                      sizeof(header) + length);
+                      length);
+}
+
+ucs_status_t uct_usnic_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header,
+                                   const void *payload, unsigned length)
+{
+    uct_usnic_ep_t *ep = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_tx_desc_t *desc;
+    ucs_status_t status;
+    uint64_t *data;
+
+    status = uct_usnic_ep_am_short_get(ep, id, sizeof(header) + length,
+                                       &desc);
+    if (ucs_unlikely(status != UCS_OK)) {
+        return status;
+    }
+
+    data    = (uint64_t*)(uct_usnic_tx_desc_hdr(uct_usnic_ep_iface(ep),
+                                                desc) + 1);
+    data[0] = header;
+    memcpy(data + 1, payload, length);
+    uct_usnic_ep_am_short_post(ep, desc, id, sizeof(header) + length);
+    return UCS_OK;
+}
+
+/* The message is exactly the iov's bytes, even fewer than 8 */
+ucs_status_t uct_usnic_ep_am_short_iov(uct_ep_h tl_ep, uint8_t id,
+                                       const uct_iov_t *iov, size_t iovcnt)
+{
+    uct_usnic_ep_t *ep = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    size_t length      = uct_iov_total_length(iov, iovcnt);
+    uct_usnic_tx_desc_t *desc;
+    ucs_iov_iter_t iov_iter;
+    ucs_status_t status;
+
+    UCT_CHECK_IOV_SIZE(iovcnt, UCT_USNIC_MAX_IOV, "uct_usnic_ep_am_short_iov");
+    status = uct_usnic_ep_am_short_get(ep, id, length, &desc);
+    if (ucs_unlikely(status != UCS_OK)) {
+        return status;
+    }
+
+    ucs_iov_iter_init(&iov_iter);
+    uct_iov_to_buffer(iov, iovcnt, &iov_iter,
+                      uct_usnic_tx_desc_hdr(uct_usnic_ep_iface(ep), desc) + 1,
+                      SIZE_MAX);
+    uct_usnic_ep_am_short_post(ep, desc, id, length);
     return UCS_OK;
 }
 
@@ -249,7 +338,8 @@ void uct_usnic_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb,
 ucs_status_t uct_usnic_ep_flush(uct_ep_h tl_ep, unsigned flags,
                                 uct_completion_t *comp)
 {
-    uct_usnic_ep_t *ep = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_flush_req_t *req;
 
     if (flags & UCT_FLUSH_FLAG_CANCEL) {
@@ -258,8 +348,7 @@ ucs_status_t uct_usnic_ep_flush(uct_ep_h tl_ep, unsigned flags,
     }
 
     /* Pending sends go first, unless this flush is one of them */
-    if (!uct_usnic_ep_iface(ep)->in_pending &&
-        !ucs_arbiter_group_is_empty(&ep->arb_group)) {
+    if (!iface->in_pending && !ucs_arbiter_group_is_empty(&ep->arb_group)) {
         UCT_TL_EP_STAT_FLUSH_WAIT(&ep->super);
         return UCS_ERR_NO_RESOURCE;
     }
@@ -270,10 +359,16 @@ ucs_status_t uct_usnic_ep_flush(uct_ep_h tl_ep, unsigned flags,
     }
 
     if (comp != NULL) {
-        req = ucs_malloc(sizeof(*req), "usnic_flush_req");
-        if (req == NULL) {
-            return UCS_ERR_NO_MEMORY;
+        UCS_STATIC_ASSERT(sizeof(*req) <= sizeof(uct_usnic_tx_desc_t));
+        if (iface->tx_outstanding >= iface->config.tx_max_bufs) {
+            return UCS_ERR_NO_RESOURCE;
         }
+
+        req = ucs_mpool_get_inline(&iface->tx_mp);
+        if (req == NULL) {
+            return UCS_ERR_NO_RESOURCE;
+        }
+        ++iface->tx_outstanding;
 
         req->psn  = ep->next_psn - 1;
         req->comp = comp;

@@ -36,6 +36,8 @@ typedef struct uct_usnic_tx_desc {
 
 /**
  * Flush request waiting for everything sent before it to be acknowledged.
+ * It lives in a send buffer (tx_mp): those are far larger, and flushes are
+ * too rare for a pool of their own.
  */
 typedef struct uct_usnic_flush_req {
     ucs_queue_elem_t  queue;
@@ -59,10 +61,13 @@ typedef struct uct_usnic_ep {
     uct_usnic_psn_t       next_psn;        /* PSN of the next new packet */
     uct_usnic_psn_t       acked_psn;       /* Everything up to here ACKed */
     unsigned              tx_count;        /* Packets in the window */
+    unsigned              unsent;          /* Of them, refused by the send
+                                              queue and not sent yet */
     ucs_queue_head_t      window;          /* uct_usnic_tx_desc_t */
     ucs_queue_head_t      flush_reqs;      /* uct_usnic_flush_req_t */
     ucs_arbiter_group_t   arb_group;       /* Pending requests */
     ucs_list_link_t       active_list;     /* In iface->active_eps */
+    struct uct_usnic_rx_stream *ack_stream; /* Its ACKs ride on our packets */
     unsigned              cwnd;            /* Congestion window */
     unsigned              ssthresh;        /* Slow start threshold */
     unsigned              cwnd_acked;      /* ACKed since cwnd last grew */
@@ -80,6 +85,9 @@ UCS_CLASS_DECLARE_DELETE_FUNC(uct_usnic_ep_t, uct_ep_t);
 
 ucs_status_t uct_usnic_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header,
                                    const void *payload, unsigned length);
+
+ucs_status_t uct_usnic_ep_am_short_iov(uct_ep_h tl_ep, uint8_t id,
+                                       const uct_iov_t *iov, size_t iovcnt);
 
 ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
                               uct_pack_callback_t pack_cb, void *arg,
@@ -105,14 +113,13 @@ ucs_arbiter_cb_result_t uct_usnic_ep_do_pending(ucs_arbiter_t *arbiter,
 
 /* Send engine (usnic_tx.c) */
 
-uct_usnic_tx_desc_t *uct_usnic_tx_desc_get(uct_usnic_ep_t *ep);
-
 void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
                        uint8_t am_id, uint8_t flags, size_t payload_length);
 
 void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface, uint32_t ep_id,
-                             const uct_usnic_hdr_t *hdr,
-                             const uct_usnic_ack_body_t *ack);
+                             uint32_t ep_serial, uint32_t src_incarnation,
+                             uint32_t stream_id, uct_usnic_psn_t ack_psn,
+                             uint64_t sack);
 
 unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface);
 

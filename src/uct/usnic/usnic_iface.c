@@ -97,6 +97,12 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      "timeout.",
      ucs_offsetof(uct_usnic_iface_config_t, rto_max), UCS_CONFIG_TYPE_TIME},
 
+    {"ASYNC_TICK", "10ms",
+     "Period of a timer on the async thread that sends the ACKs an iface\n"
+     "owes while nobody progresses it (a peer waiting in flush depends on\n"
+     "them). Shorter ticks shorten that wait but steal CPU from busy cores.",
+     ucs_offsetof(uct_usnic_iface_config_t, async_tick), UCS_CONFIG_TYPE_TIME},
+
     {"MAX_RESEND", "32",
      "Most datagrams resent in one progress call, so that recovery never\n"
      "starves new traffic.",
@@ -122,103 +128,63 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
 #define UCT_USNIC_CONFIG_VAR(_name) UCS_DEFAULT_ENV_PREFIX "USNIC_" _name
 
 
-static ucs_status_t
-uct_usnic_iface_check_range(const char *var, unsigned long value,
-                            unsigned long min, unsigned long max,
-                            const char *why)
-{
-    if ((value >= min) && (value <= max)) {
-        return UCS_OK;
-    }
+/* One range a configuration value must lie in */
+typedef struct {
+    const char    *var;
+    unsigned long value;
+    unsigned long min;
+    unsigned long max;
+    const char    *why;
+} uct_usnic_config_range_t;
 
-    ucs_error("%s=%lu is out of range: must be between %lu and %lu (%s)",
-              var, value, min, max, why);
-    return UCS_ERR_INVALID_PARAM;
-}
 
 /* Check the configuration against what the provider can do */
 static ucs_status_t
 uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
                              const struct fi_info *info)
 {
-    size_t rx_size = info->rx_attr->size;
-    ucs_status_t status;
+    size_t rx_size                          = info->rx_attr->size;
+    const uct_usnic_config_range_t ranges[] = {
+        {UCT_USNIC_CONFIG_VAR("MTU"),
+         (config->mtu == UCS_MEMUNITS_AUTO) ? 64 : config->mtu, 64,
+         info->ep_attr->max_msg_size, "the provider's largest datagram"},
+        {UCT_USNIC_CONFIG_VAR("RX_POST_BATCH"), config->rx_post_batch, 1,
+         1024, "receives posted at once"},
+        {UCT_USNIC_CONFIG_VAR("RX_QUEUE_LEN"), config->rx_queue_len,
+         config->rx_post_batch, rx_size,
+         "at least RX_POST_BATCH, at most the provider's receive queue"},
+        {UCT_USNIC_CONFIG_VAR("PRIO_RX_QUEUE_LEN"), config->prio_rx_queue_len,
+         config->rx_post_batch, rx_size,
+         "at least RX_POST_BATCH, at most the provider's receive queue"},
+        {UCT_USNIC_CONFIG_VAR("TX_QUEUE_LEN"), config->tx_queue_len, 1,
+         info->tx_attr->size, "the provider's send queue"},
+        {UCT_USNIC_CONFIG_VAR("MAX_POLL"), config->max_poll, 1, 1024,
+         "completions per progress call"},
+        {UCT_USNIC_CONFIG_VAR("WINDOW"), config->window, 16, 32768,
+         "datagrams in flight per endpoint"},
+        {UCT_USNIC_CONFIG_VAR("MAX_BCOPY"), config->max_bcopy, 64,
+         1024 * 1024, "bytes of one am_bcopy message"},
+        {UCT_USNIC_CONFIG_VAR("ACK_FREQ"), config->ack_freq, 1,
+         config->window, "at most WINDOW"},
+        {UCT_USNIC_CONFIG_VAR("MAX_RESEND"), config->max_resend, 1, 65536,
+         "datagrams per progress call"}
+    };
+    const uct_usnic_config_range_t *range;
 
-    if (config->mtu != UCS_MEMUNITS_AUTO) {
-        status = uct_usnic_iface_check_range(
-                UCT_USNIC_CONFIG_VAR("MTU"), config->mtu, 64,
-                info->ep_attr->max_msg_size,
-                "the provider's largest datagram");
-        if (status != UCS_OK) {
-            return status;
+    for (range = ranges; range < ranges + ucs_static_array_size(ranges);
+         ++range) {
+        if ((range->value < range->min) || (range->value > range->max)) {
+            ucs_error("%s=%lu is out of range: must be between %lu and %lu "
+                      "(%s)", range->var, range->value, range->min,
+                      range->max, range->why);
+            return UCS_ERR_INVALID_PARAM;
         }
     }
 
-    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("RX_POST_BATCH"),
-                                         config->rx_post_batch, 1, 1024,
-                                         "receives posted at once");
-    if (status != UCS_OK) {
-        return status;
-    }
-
-    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("RX_QUEUE_LEN"),
-                                         config->rx_queue_len,
-                                         config->rx_post_batch, rx_size,
-                                         "at least RX_POST_BATCH, at most the "
-                                         "provider's receive queue");
-    if (status != UCS_OK) {
-        return status;
-    }
-
-    status = uct_usnic_iface_check_range(
-            UCT_USNIC_CONFIG_VAR("PRIO_RX_QUEUE_LEN"),
-            config->prio_rx_queue_len, config->rx_post_batch, rx_size,
-            "at least RX_POST_BATCH, at most the provider's receive queue");
-    if (status != UCS_OK) {
-        return status;
-    }
-
-    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("TX_QUEUE_LEN"),
-                                         config->tx_queue_len, 1,
-                                         info->tx_attr->size,
-                                         "the provider's send queue");
-    if (status != UCS_OK) {
-        return status;
-    }
-
-    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("MAX_POLL"),
-                                         config->max_poll, 1, 1024,
-                                         "completions per progress call");
-    if (status != UCS_OK) {
-        return status;
-    }
-
-    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("WINDOW"),
-                                         config->window, 16, 32768,
-                                         "datagrams in flight per endpoint");
-    if (status != UCS_OK) {
-        return status;
-    }
-
-    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("MAX_BCOPY"),
-                                         config->max_bcopy, 64, 1024 * 1024,
-                                         "bytes of one am_bcopy message");
-    if (status != UCS_OK) {
-        return status;
-    }
-
-    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("ACK_FREQ"),
-                                         config->ack_freq, 1, config->window,
-                                         "at most WINDOW");
-    if (status != UCS_OK) {
-        return status;
-    }
-
-    status = uct_usnic_iface_check_range(UCT_USNIC_CONFIG_VAR("MAX_RESEND"),
-                                         config->max_resend, 1, 65536,
-                                         "datagrams per progress call");
-    if (status != UCS_OK) {
-        return status;
+    if (config->async_tick <= 0) {
+        ucs_error("%s=%g must be positive (seconds)",
+                  UCT_USNIC_CONFIG_VAR("ASYNC_TICK"), config->async_tick);
+        return UCS_ERR_INVALID_PARAM;
     }
 
     if ((config->rto_min <= 0) || (config->rto_max < config->rto_min) ||
@@ -249,7 +215,7 @@ static ucs_status_t uct_usnic_iface_query(uct_iface_h tl_iface,
                                      UCT_IFACE_FLAG_INTER_NODE;
     iface_attr->cap.am.max_short   = iface->config.max_payload;
     iface_attr->cap.am.max_bcopy   = iface->config.max_bcopy;
-    iface_attr->cap.am.max_iov     = 1;
+    iface_attr->cap.am.max_iov     = UCT_USNIC_MAX_IOV;
     iface_attr->cap.am.max_hdr     = 0;
     iface_attr->device_addr_len    = sizeof(uct_usnic_device_addr_t);
     iface_attr->iface_addr_len     = sizeof(uct_usnic_iface_addr_t);
@@ -372,21 +338,21 @@ UCT_USNIC_IFACE_IS_REACHABLE_ADAPTER(uct_usnic_iface_is_reachable_v2)
 static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
 {
     uct_usnic_iface_t *iface = ucs_derived_of(tl_iface, uct_usnic_iface_t);
-    unsigned count, data_count;
+    unsigned count;
 
-    count      = uct_usnic_channel_progress(
-                         &iface->channels[UCT_USNIC_CHANNEL_PRIO],
-                         iface->config.max_poll);
-    data_count = uct_usnic_channel_progress(
-                         &iface->channels[UCT_USNIC_CHANNEL_DATA],
-                         iface->config.max_poll);
-    count     += data_count;
+    uct_usnic_iface_enter(iface);
+    /* Standalone ACKs are rare where replies carry them: their channel may
+     * always be skipped. Data is awaited at full speed unless the user has
+     * been sending since the last call. */
+    count  = uct_usnic_channel_poll(&iface->channels[UCT_USNIC_CHANNEL_PRIO],
+                                    iface->config.max_poll, 1);
+    count += uct_usnic_channel_poll(&iface->channels[UCT_USNIC_CHANNEL_DATA],
+                                    iface->config.max_poll,
+                                    iface->sent_since_progress);
+    iface->sent_since_progress = 0;
 
-    /* Batching ACKs pays while data keeps coming; once the receive queue
-     * is drained, acknowledge at once: the sender may be waiting for it
-     * while this iface is no longer progressed */
     if (!ucs_list_is_empty(&iface->ack_streams)) {
-        uct_usnic_rx_send_acks(iface, data_count < iface->config.max_poll);
+        uct_usnic_rx_send_acks(iface);
     }
 
     if (!ucs_list_is_empty(&iface->active_eps)) {
@@ -400,7 +366,23 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
         iface->in_pending = 0;
     }
 
+    uct_usnic_iface_leave(iface);
     return count;
+}
+
+/*
+ * Runs on the async thread, with the iface blocked from the user's side:
+ * sends the ACKs that are due when nobody progresses this iface any more,
+ * so that a peer waiting in flush does not depend on it.
+ */
+static void uct_usnic_iface_async_timer(int id, ucs_event_set_types_t events,
+                                        void *arg)
+{
+    uct_usnic_iface_t *iface = arg;
+
+    if (!ucs_list_is_empty(&iface->ack_streams)) {
+        uct_usnic_rx_send_acks(iface);
+    }
 }
 
 ucs_status_t uct_usnic_iface_av_insert(uct_usnic_iface_t *iface,
@@ -430,10 +412,14 @@ void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
                                const void *packet, size_t length)
 {
     uct_usnic_channel_t *channel = &iface->channels[UCT_USNIC_CHANNEL_PRIO];
+    void *buffer                 = ucs_alloca(channel->prefix_size + length);
     ssize_t ret;
 
+    /* The provider may want room for its own header in front */
+    memcpy(UCS_PTR_BYTE_OFFSET(buffer, channel->prefix_size), packet, length);
+
     /* A lost control packet is recovered by the protocol: no retry here */
-    ret = fi_inject(channel->ep, packet, length, dest);
+    ret = fi_inject(channel->ep, buffer, channel->prefix_size + length, dest);
     if ((ret != 0) && (ret != -FI_EAGAIN)) {
         ucs_diag("%s: fi_inject failed: %s", channel->name,
                  fi_strerror(-ret));
@@ -591,6 +577,15 @@ err_cleanup:
     return status;
 }
 
+static void uct_usnic_iface_cleanup_channels(uct_usnic_iface_t *iface)
+{
+    uct_usnic_channel_id_t id;
+
+    for (id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
+        uct_usnic_channel_cleanup(&iface->channels[id]);
+    }
+}
+
 static void uct_usnic_am_buf_init(void *obj, void *mr_desc)
 {
     uct_usnic_am_buf_t *am_buf = obj;
@@ -702,9 +697,42 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
     iface->config.max_resend        = config->max_resend;
 }
 
+uct_usnic_peer_t *uct_usnic_iface_peer_get(uct_usnic_iface_t *iface,
+                                           uint32_t incarnation)
+{
+    uct_usnic_peer_t *peer;
+    khiter_t iter;
+    int ret;
+
+    iter = kh_put(uct_usnic_peers, &iface->peers, incarnation, &ret);
+    if (ret < 0) {
+        return NULL;
+    }
+
+    peer = &kh_value(&iface->peers, iter);
+    if (ret != 0) {
+        peer->ep     = NULL;
+        peer->stream = NULL;
+    }
+    return peer;
+}
+
+/* Forget a peer once neither its ep nor its stream is left */
+void uct_usnic_iface_peer_put(uct_usnic_iface_t *iface, uint32_t incarnation)
+{
+    khiter_t iter = kh_get(uct_usnic_peers, &iface->peers, incarnation);
+
+    if ((iter != kh_end(&iface->peers)) &&
+        (kh_value(&iface->peers, iter).ep == NULL) &&
+        (kh_value(&iface->peers, iter).stream == NULL)) {
+        kh_del(uct_usnic_peers, &iface->peers, iter);
+    }
+}
+
 static void uct_usnic_iface_cleanup_tables(uct_usnic_iface_t *iface)
 {
     ucs_arbiter_cleanup(&iface->arbiter);
+    kh_destroy_inplace(uct_usnic_peers, &iface->peers);
     kh_destroy_inplace(uct_usnic_streams, &iface->stream_hash);
     ucs_ptr_array_cleanup(&iface->streams, 1);
     ucs_ptr_array_cleanup(&iface->eps, 1);
@@ -714,7 +742,7 @@ static UCS_CLASS_DECLARE_DELETE_FUNC(uct_usnic_iface_t, uct_iface_t);
 
 static uct_iface_ops_t uct_usnic_iface_ops = {
     .ep_am_short              = uct_usnic_ep_am_short,
-    .ep_am_short_iov          = uct_base_ep_am_short_iov,
+    .ep_am_short_iov          = uct_usnic_ep_am_short_iov,
     .ep_am_bcopy              = uct_usnic_ep_am_bcopy,
     .ep_pending_add           = uct_usnic_ep_pending_add,
     .ep_pending_purge         = uct_usnic_ep_pending_purge,
@@ -793,11 +821,13 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     memset(&self->stats, 0, sizeof(self->stats));
     self->tx_outstanding   = 0;
     self->in_pending       = 0;
+    self->sent_since_progress = 0;
     self->next_ep_serial   = 1;
     self->next_timer_check = 0;
     ucs_ptr_array_init(&self->eps, "usnic_eps");
     ucs_ptr_array_init(&self->streams, "usnic_streams");
     kh_init_inplace(uct_usnic_streams, &self->stream_hash);
+    kh_init_inplace(uct_usnic_peers, &self->peers);
     ucs_arbiter_init(&self->arbiter);
     ucs_list_head_init(&self->active_eps);
     ucs_list_head_init(&self->ack_streams);
@@ -818,10 +848,24 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     }
 
     uct_usnic_iface_init_address(self, dev_name);
+
+    status = ucs_async_add_timer(self->super.worker->async->mode,
+                                 ucs_time_from_sec(config->async_tick),
+                                 uct_usnic_iface_async_timer, self,
+                                 self->super.worker->async,
+                                 &self->async_timer_id);
+    if (status != UCS_OK) {
+        ucs_error("usnic: cannot start the ACK timer: %s",
+                  ucs_status_string(status));
+        goto err_cleanup_channels;
+    }
+
     ucs_debug("usnic iface %p: device %s mtu %zu incarnation 0x%x", self,
               dev_name, self->config.mtu, self->incarnation);
     return UCS_OK;
 
+err_cleanup_channels:
+    uct_usnic_iface_cleanup_channels(self);
 err_close_av:
     uct_usnic_iface_close_av(self);
 err_cleanup_buffers:
@@ -834,20 +878,18 @@ err_cleanup_tables:
 static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t)
 {
     uct_usnic_rx_stream_t *stream;
-    uct_usnic_channel_id_t id;
     unsigned index;
 
     uct_base_iface_progress_disable(&self->super.super,
                                     UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
+    ucs_async_remove_handler(self->async_timer_id, 1);
 
     /* Streams hold receive and reassembly buffers: release them first */
     ucs_ptr_array_for_each(stream, index, &self->streams) {
         uct_usnic_rx_stream_destroy(self, stream);
     }
 
-    for (id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
-        uct_usnic_channel_cleanup(&self->channels[id]);
-    }
+    uct_usnic_iface_cleanup_channels(self);
 
     uct_usnic_iface_close_av(self);
     uct_usnic_iface_cleanup_buffers(self);

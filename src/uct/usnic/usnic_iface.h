@@ -11,6 +11,7 @@
 #include "usnic_md.h"
 
 #include <ucs/datastruct/arbiter.h>
+#include <ucs/async/async.h>
 #include <ucs/datastruct/khash.h>
 #include <ucs/datastruct/list.h>
 #include <ucs/datastruct/ptr_array.h>
@@ -24,6 +25,9 @@
 
 /* First byte of a device address: format and version of what follows */
 #define UCT_USNIC_DEV_ADDR_MAGIC 0xd1
+
+/* Most iov entries am_short_iov gathers into one datagram */
+#define UCT_USNIC_MAX_IOV        16ul
 
 
 /* The two channels of an iface */
@@ -47,6 +51,19 @@ typedef enum {
 
 
 KHASH_MAP_INIT_INT64(uct_usnic_streams, uint32_t)
+
+
+/**
+ * What this iface has with one peer iface: the ep that sends to it and the
+ * stream that receives from it. When both exist, the ep's packets carry
+ * the stream's ACKs (one pair per peer iface takes part).
+ */
+typedef struct uct_usnic_peer {
+    struct uct_usnic_ep        *ep;
+    struct uct_usnic_rx_stream *stream;
+} uct_usnic_peer_t;
+
+KHASH_MAP_INIT_INT(uct_usnic_peers, uct_usnic_peer_t)
 
 
 /**
@@ -85,6 +102,7 @@ typedef struct uct_usnic_iface_config {
     double                   ack_delay;
     double                   rto_min;
     double                   rto_max;
+    double                   async_tick;
     unsigned                 max_resend;
     uct_iface_mpool_config_t rx_mpool;
     uct_iface_mpool_config_t tx_mpool;
@@ -103,12 +121,15 @@ typedef struct uct_usnic_iface {
     uint32_t                next_ep_serial;
     ucs_ptr_array_t         streams;       /* stream id -> rx stream */
     khash_t(uct_usnic_streams) stream_hash; /* sender key -> stream id */
+    khash_t(uct_usnic_peers) peers;        /* peer incarnation -> peer */
     ucs_arbiter_t           arbiter;       /* eps with pending requests */
     ucs_list_link_t         active_eps;    /* eps with unacked packets */
     ucs_list_link_t         ack_streams;   /* streams owing an ACK */
     unsigned                tx_outstanding; /* Unacked packets, all eps */
     int                     in_pending;    /* Dispatching pending requests */
+    int                     sent_since_progress;
     ucs_time_t              next_timer_check;
+    int                     async_timer_id; /* Sends due ACKs when idle */
     ucs_mpool_t             tx_mp;         /* uct_usnic_tx_desc_t */
     ucs_mpool_t             am_buf_mp;     /* uct_usnic_am_buf_t */
     void                    *bcopy_buf;    /* Packs a multi-datagram AM */
@@ -135,7 +156,8 @@ typedef struct uct_usnic_iface {
         uint64_t            rx_drop[UCT_USNIC_RX_DROP_LAST];
         uint64_t            tx_packets;
         uint64_t            tx_resends;
-        uint64_t            tx_acks;
+        uint64_t            tx_acks;       /* Standalone */
+        uint64_t            tx_piggy_acks; /* Carried by AM packets */
         uint64_t            rx_packets;
         uint64_t            rx_acks;
     } stats;
@@ -149,8 +171,25 @@ ucs_status_t uct_usnic_iface_av_insert(uct_usnic_iface_t *iface,
                                        uint32_t in_addr, uint16_t port,
                                        fi_addr_t *fi_addr_p);
 
+uct_usnic_peer_t *uct_usnic_iface_peer_get(uct_usnic_iface_t *iface,
+                                           uint32_t incarnation);
+
+void uct_usnic_iface_peer_put(uct_usnic_iface_t *iface, uint32_t incarnation);
+
 void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
                                const void *packet, size_t length);
+
+/* Keep the async timer out while the iface state and libfabric objects
+ * are in use from the user's thread */
+static UCS_F_ALWAYS_INLINE void uct_usnic_iface_enter(uct_usnic_iface_t *iface)
+{
+    UCS_ASYNC_BLOCK(iface->super.worker->async);
+}
+
+static UCS_F_ALWAYS_INLINE void uct_usnic_iface_leave(uct_usnic_iface_t *iface)
+{
+    UCS_ASYNC_UNBLOCK(iface->super.worker->async);
+}
 
 static UCS_F_ALWAYS_INLINE void
 uct_usnic_iface_drop(uct_usnic_iface_t *iface, uct_usnic_rx_drop_t reason)

@@ -45,7 +45,8 @@ typedef enum {
 enum {
     UCT_USNIC_PKT_FLAG_FIRST = UCS_BIT(0), /* First fragment of a message */
     UCT_USNIC_PKT_FLAG_LAST  = UCS_BIT(1), /* Last fragment of a message */
-    UCT_USNIC_PKT_FLAG_OPEN  = UCS_BIT(2)  /* Open trailer at the end */
+    UCT_USNIC_PKT_FLAG_OPEN  = UCS_BIT(2), /* Open trailer at the end */
+    UCT_USNIC_PKT_FLAG_ACK   = UCS_BIT(3)  /* ACK trailer after the payload */
 };
 
 
@@ -76,6 +77,18 @@ typedef struct uct_usnic_open_ext {
     uint16_t src_prio_port;   /* Where ACKs go */
     uint16_t src_data_port;
 } UCS_S_PACKED uct_usnic_open_ext_t;
+
+
+/**
+ * ACK trailer: an AM packet acknowledges the reverse stream on the way
+ * (piggy-backed ACK). It follows the payload, before any open trailer.
+ */
+typedef struct uct_usnic_ack_ext {
+    uint32_t ep_id;     /* Acknowledged ep at the receiver of the packet */
+    uint32_t ep_serial; /* Its serial, from its open trailer */
+    uint32_t stream_id; /* Acknowledging stream: the ep sends to it */
+    uint32_t psn;       /* Cumulative ACK */
+} UCS_S_PACKED uct_usnic_ack_ext_t;
 
 
 /**

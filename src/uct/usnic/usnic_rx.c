@@ -29,6 +29,49 @@ static void uct_usnic_rx_schedule_ack(uct_usnic_iface_t *iface,
     }
 }
 
+static UCS_F_ALWAYS_INLINE uint32_t
+uct_usnic_rx_stream_peer(const uct_usnic_rx_stream_t *stream)
+{
+    return stream->key >> 32;
+}
+
+/* Let our ep to the sender carry this stream's ACKs, if it carries none */
+static void uct_usnic_rx_stream_pair(uct_usnic_iface_t *iface,
+                                     uct_usnic_rx_stream_t *stream)
+{
+    uct_usnic_peer_t *peer;
+
+    peer = uct_usnic_iface_peer_get(iface, uct_usnic_rx_stream_peer(stream));
+    if ((peer == NULL) || (peer->stream != NULL)) {
+        return;
+    }
+
+    peer->stream = stream;
+    if (peer->ep != NULL) {
+        stream->ack_ep         = peer->ep;
+        peer->ep->ack_stream   = stream;
+    }
+}
+
+static void uct_usnic_rx_stream_unpair(uct_usnic_iface_t *iface,
+                                       uct_usnic_rx_stream_t *stream)
+{
+    uint32_t incarnation = uct_usnic_rx_stream_peer(stream);
+    khiter_t iter        = kh_get(uct_usnic_peers, &iface->peers,
+                                  incarnation);
+
+    if ((iter == kh_end(&iface->peers)) ||
+        (kh_value(&iface->peers, iter).stream != stream)) {
+        return;
+    }
+
+    if (stream->ack_ep != NULL) {
+        stream->ack_ep->ack_stream = NULL;
+    }
+    kh_value(&iface->peers, iter).stream = NULL;
+    uct_usnic_iface_peer_put(iface, incarnation);
+}
+
 static uct_usnic_rx_stream_t *
 uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
                            const uct_usnic_open_ext_t *open, uint64_t key,
@@ -65,6 +108,7 @@ uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
     ucs_list_head_init(&stream->ack_list);
     kh_value(&iface->stream_hash, iter) = stream->id;
 
+    uct_usnic_rx_stream_pair(iface, stream);
     ucs_debug("iface %p: new rx stream %u from ep %u of iface 0x%x", iface,
               stream->id, open->src_ep_id, open->src_incarnation);
     return stream;
@@ -89,6 +133,7 @@ void uct_usnic_rx_stream_destroy(uct_usnic_iface_t *iface,
         ucs_mpool_put(stream->am_buf);
     }
 
+    uct_usnic_rx_stream_unpair(iface, stream);
     ucs_list_del(&stream->ack_list);
     iter = kh_get(uct_usnic_streams, &iface->stream_hash, stream->key);
     if (iter != kh_end(&iface->stream_hash)) {
@@ -228,42 +273,64 @@ uct_usnic_rx_deliver(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
     return UCS_OK;
 }
 
-/* Parse and check a datagram of the data channel */
-static const uct_usnic_hdr_t *
-uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
-                   const uct_usnic_open_ext_t **open_p, size_t *payload_len_p)
+/*
+ * Check what every datagram starts with: room for the header and min_body
+ * more bytes, our protocol version, the expected type, and addressed to
+ * this incarnation of the iface. Counts and drops what fails.
+ */
+static int uct_usnic_rx_hdr_check(uct_usnic_iface_t *iface,
+                                  const uct_usnic_hdr_t *hdr, size_t length,
+                                  uint8_t type, size_t min_body)
 {
-    const uct_usnic_hdr_t *hdr = data;
-    size_t trailer             = 0;
-
-    if (ucs_unlikely((length < sizeof(*hdr)) ||
+    if (ucs_unlikely((length < (sizeof(*hdr) + min_body)) ||
                      (hdr->version != UCT_USNIC_PROTO_VERSION) ||
-                     (hdr->type != UCT_USNIC_PKT_AM) ||
-                     (hdr->am_id >= UCT_AM_ID_MAX))) {
-        goto err_invalid;
-    }
-
-    if (hdr->flags & UCT_USNIC_PKT_FLAG_OPEN) {
-        trailer = sizeof(uct_usnic_open_ext_t);
-        if (length < (sizeof(*hdr) + trailer)) {
-            goto err_invalid;
-        }
-        *open_p = UCS_PTR_BYTE_OFFSET(data, length - trailer);
-    } else {
-        *open_p = NULL;
+                     (hdr->type != type))) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+        return 0;
     }
 
     if (ucs_unlikely(hdr->incarnation != iface->incarnation)) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_STALE);
+        return 0;
+    }
+
+    return 1;
+}
+
+/* Parse and check a datagram of the data channel */
+static const uct_usnic_hdr_t *
+uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
+                   const uct_usnic_open_ext_t **open_p,
+                   const uct_usnic_ack_ext_t **ack_p, size_t *payload_len_p)
+{
+    const uct_usnic_hdr_t *hdr = data;
+    size_t open_len = 0, ack_len = 0;
+
+    if (ucs_likely(length >= sizeof(*hdr))) {
+        if (hdr->flags & UCT_USNIC_PKT_FLAG_OPEN) {
+            open_len = sizeof(uct_usnic_open_ext_t);
+        }
+        if (hdr->flags & UCT_USNIC_PKT_FLAG_ACK) {
+            ack_len = sizeof(uct_usnic_ack_ext_t);
+        }
+    }
+
+    if (!uct_usnic_rx_hdr_check(iface, hdr, length, UCT_USNIC_PKT_AM,
+                                open_len + ack_len)) {
         return NULL;
     }
 
-    *payload_len_p = length - sizeof(*hdr) - trailer;
-    return hdr;
+    if (ucs_unlikely(hdr->am_id >= UCT_AM_ID_MAX)) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+        return NULL;
+    }
 
-err_invalid:
-    uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
-    return NULL;
+    *open_p        = (open_len == 0) ? NULL :
+                     UCS_PTR_BYTE_OFFSET(data, length - open_len);
+    *ack_p         = (ack_len == 0) ? NULL :
+                     UCS_PTR_BYTE_OFFSET(data, length - open_len - ack_len);
+    *payload_len_p = length - sizeof(*hdr) - open_len - ack_len;
+    return hdr;
 }
 
 /* Deliver the packets kept in the reorder ring that are now in order */
@@ -273,6 +340,7 @@ static void uct_usnic_rx_drain_ooo(uct_usnic_iface_t *iface,
 {
     unsigned window = iface->config.window;
     const uct_usnic_open_ext_t *open;
+    const uct_usnic_ack_ext_t *ack;
     const uct_usnic_hdr_t *hdr;
     uct_usnic_rx_desc_t *desc;
     size_t payload_len;
@@ -292,7 +360,7 @@ static void uct_usnic_rx_drain_ooo(uct_usnic_iface_t *iface,
         ++stream->unacked;
 
         data = uct_usnic_rx_desc_data(channel, desc);
-        hdr  = uct_usnic_rx_parse(iface, data, desc->length, &open,
+        hdr  = uct_usnic_rx_parse(iface, data, desc->length, &open, &ack,
                                   &payload_len);
         ucs_assert(hdr != NULL);
         if (uct_usnic_rx_deliver(iface, stream, desc, hdr, (void*)(hdr + 1),
@@ -342,13 +410,14 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
     uct_usnic_iface_t *iface = ucs_derived_of(channel->iface,
                                               uct_usnic_iface_t);
     const uct_usnic_open_ext_t *open;
+    const uct_usnic_ack_ext_t *ack;
     const uct_usnic_hdr_t *hdr;
     uct_usnic_rx_stream_t *stream;
     ucs_status_t status;
     size_t payload_len;
     uct_usnic_psn_t psn;
 
-    hdr = uct_usnic_rx_parse(iface, data, length, &open, &payload_len);
+    hdr = uct_usnic_rx_parse(iface, data, length, &open, &ack, &payload_len);
     if (ucs_unlikely(hdr == NULL)) {
         return UCS_OK;
     }
@@ -356,6 +425,13 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
     stream = uct_usnic_rx_stream_get(iface, hdr, open);
     if (ucs_unlikely(stream == NULL)) {
         return UCS_OK;
+    }
+
+    /* Even a duplicate may carry news for the reverse direction */
+    if (ack != NULL) {
+        uct_usnic_tx_handle_ack(iface, ack->ep_id, ack->ep_serial,
+                                uct_usnic_rx_stream_peer(stream),
+                                ack->stream_id, ack->psn, 0);
     }
 
     ++iface->stats.rx_packets;
@@ -421,24 +497,29 @@ static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
     uct_usnic_iface_send_ctrl(iface, stream->ack_fi_addr, &ack, sizeof(ack));
 }
 
-unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface, int force)
+void uct_usnic_rx_ack_done(uct_usnic_rx_stream_t *stream)
+{
+    stream->unacked = 0;
+    stream->ack_now = 0;
+    ucs_list_del(&stream->ack_list);
+    ucs_list_head_init(&stream->ack_list);
+}
+
+unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface)
 {
     ucs_time_t now = ucs_get_time();
     uct_usnic_rx_stream_t *stream, *tmp;
     unsigned count = 0;
 
     ucs_list_for_each_safe(stream, tmp, &iface->ack_streams, ack_list) {
-        if (!force && !stream->ack_now &&
+        if (!stream->ack_now &&
             (stream->unacked < iface->config.ack_freq) &&
             ((now - stream->unacked_since) < iface->config.ack_delay)) {
             continue;
         }
 
         uct_usnic_rx_send_ack(iface, stream);
-        stream->unacked = 0;
-        stream->ack_now = 0;
-        ucs_list_del(&stream->ack_list);
-        ucs_list_head_init(&stream->ack_list);
+        uct_usnic_rx_ack_done(stream);
         ++count;
     }
 
@@ -452,21 +533,15 @@ ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
     uct_usnic_iface_t *iface   = ucs_derived_of(channel->iface,
                                                 uct_usnic_iface_t);
     const uct_usnic_hdr_t *hdr = data;
+    const uct_usnic_ack_body_t *body;
 
-    if ((length < (sizeof(*hdr) + sizeof(uct_usnic_ack_body_t))) ||
-        (hdr->version != UCT_USNIC_PROTO_VERSION) ||
-        (hdr->type != UCT_USNIC_PKT_ACK)) {
-        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
-        return UCS_OK;
+    if (uct_usnic_rx_hdr_check(iface, hdr, length, UCT_USNIC_PKT_ACK,
+                               sizeof(uct_usnic_ack_body_t))) {
+        body = (const uct_usnic_ack_body_t*)(hdr + 1);
+        uct_usnic_tx_handle_ack(iface, hdr->stream_id, body->ep_serial,
+                                body->src_incarnation, body->stream_id,
+                                hdr->psn, body->sack);
     }
-
-    if (hdr->incarnation != iface->incarnation) {
-        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_STALE);
-        return UCS_OK;
-    }
-
-    uct_usnic_tx_handle_ack(iface, hdr->stream_id, hdr,
-                            (const uct_usnic_ack_body_t*)(hdr + 1));
     return UCS_OK;
 }
 

@@ -39,6 +39,8 @@ typedef struct uct_usnic_rx_stream {
     uct_usnic_rx_desc_t  **ooo;           /* Reorder ring, on first gap */
     unsigned             ooo_count;
     uct_usnic_am_buf_t   *am_buf;         /* Message being reassembled */
+    struct uct_usnic_ep  *ack_ep;         /* Our ep to the sender: carries
+                                             our ACKs on its packets */
 } uct_usnic_rx_stream_t;
 
 
@@ -50,7 +52,9 @@ ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
                                uct_usnic_rx_desc_t *desc, void *data,
                                size_t length);
 
-unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface, int force);
+unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface);
+
+void uct_usnic_rx_ack_done(uct_usnic_rx_stream_t *stream);
 
 void uct_usnic_rx_stream_destroy(uct_usnic_iface_t *iface,
                                  uct_usnic_rx_stream_t *stream);

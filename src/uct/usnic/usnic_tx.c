@@ -9,6 +9,7 @@
 #endif
 
 #include "usnic_ep.h"
+#include "usnic_rx.h"
 
 #include <ucs/debug/log.h>
 
@@ -27,7 +28,10 @@ static void uct_usnic_tx_send(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
                                         -channel->prefix_size),
                     channel->prefix_size + desc->length, ep->peer_fi_addr);
     if (ucs_likely(ret == 0)) {
-        desc->flags    &= ~UCT_USNIC_TX_DESC_FLAG_UNSENT;
+        if (ucs_unlikely(desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT)) {
+            desc->flags &= ~UCT_USNIC_TX_DESC_FLAG_UNSENT;
+            --ep->unsent;
+        }
         desc->send_time = now;
         return;
     }
@@ -38,9 +42,41 @@ static void uct_usnic_tx_send(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
     }
 
     /* Kept in the window: the timer sends it as soon as it can */
-    desc->flags           |= UCT_USNIC_TX_DESC_FLAG_UNSENT;
+    if (!(desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT)) {
+        desc->flags |= UCT_USNIC_TX_DESC_FLAG_UNSENT;
+        ++ep->unsent;
+    }
     desc->send_time        = 0;
     iface->next_timer_check = now;
+}
+
+/*
+ * Let a new packet carry the ACK the reverse stream owes, when there is
+ * room for it (and for an open trailer still to come). An ACK that must
+ * report holes goes standalone: only it carries the selective-ACK bitmap.
+ */
+static int uct_usnic_tx_add_ack(uct_usnic_iface_t *iface,
+                                uct_usnic_rx_stream_t *stream,
+                                uct_usnic_hdr_t *hdr,
+                                uct_usnic_tx_desc_t *desc)
+{
+    uct_usnic_ack_ext_t *ack;
+
+    if (ucs_list_is_empty(&stream->ack_list) || stream->ack_now ||
+        ((desc->length + sizeof(*ack) + sizeof(uct_usnic_open_ext_t)) >
+         iface->config.mtu)) {
+        return 0;
+    }
+
+    ack            = UCS_PTR_BYTE_OFFSET(hdr, desc->length);
+    ack->ep_id     = stream->src_ep_id;
+    ack->ep_serial = (uint32_t)stream->key;
+    ack->stream_id = stream->id;
+    ack->psn       = stream->expected_psn - 1;
+    desc->length  += sizeof(*ack);
+    ++iface->stats.tx_piggy_acks;
+    uct_usnic_rx_ack_done(stream);
+    return 1;
 }
 
 void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
@@ -50,6 +86,7 @@ void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
     uct_usnic_hdr_t *hdr     = uct_usnic_tx_desc_hdr(iface, desc);
     uct_usnic_open_ext_t *open;
 
+    uct_usnic_iface_enter(iface);
     hdr->version     = UCT_USNIC_PROTO_VERSION;
     hdr->type        = UCT_USNIC_PKT_AM;
     hdr->am_id       = am_id;
@@ -57,6 +94,11 @@ void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
     hdr->stream_id   = ep->peer_stream_id;
     hdr->psn         = ep->next_psn++;
     desc->length     = sizeof(*hdr) + payload_length;
+
+    if ((ep->ack_stream != NULL) &&
+        uct_usnic_tx_add_ack(iface, ep->ack_stream, hdr, desc)) {
+        flags |= UCT_USNIC_PKT_FLAG_ACK;
+    }
 
     if (ep->peer_stream_id == UCT_USNIC_STREAM_ID_NONE) {
         flags                |= UCT_USNIC_PKT_FLAG_OPEN;
@@ -82,17 +124,22 @@ void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
     }
     ++iface->tx_outstanding;
     ++iface->stats.tx_packets;
+    iface->sent_since_progress = 1;
     ucs_queue_push(&ep->window, &desc->queue);
 
     ucs_trace_data("ep %p: tx psn %u length %u flags 0x%x", ep, desc->psn,
                    desc->length, flags);
     uct_usnic_tx_send(iface, ep, desc, ucs_get_time());
+    uct_usnic_iface_leave(iface);
 }
 
 static void uct_usnic_tx_desc_release(uct_usnic_iface_t *iface,
                                       uct_usnic_ep_t *ep,
                                       uct_usnic_tx_desc_t *desc)
 {
+    if (desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT) {
+        --ep->unsent;
+    }
     --ep->tx_count;
     --iface->tx_outstanding;
     ucs_mpool_put_inline(desc);
@@ -101,6 +148,7 @@ static void uct_usnic_tx_desc_release(uct_usnic_iface_t *iface,
 static void uct_usnic_tx_flush_complete(uct_usnic_ep_t *ep, int all,
                                         ucs_status_t status)
 {
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_flush_req_t *req;
 
     while (!ucs_queue_is_empty(&ep->flush_reqs)) {
@@ -112,7 +160,8 @@ static void uct_usnic_tx_flush_complete(uct_usnic_ep_t *ep, int all,
 
         ucs_queue_pull_non_empty(&ep->flush_reqs);
         uct_invoke_completion(req->comp, status);
-        ucs_free(req);
+        ucs_mpool_put_inline(req);
+        --iface->tx_outstanding;
     }
 }
 
@@ -236,32 +285,35 @@ static void uct_usnic_tx_handle_sack(uct_usnic_iface_t *iface,
 }
 
 void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface, uint32_t ep_id,
-                             const uct_usnic_hdr_t *hdr,
-                             const uct_usnic_ack_body_t *ack)
+                             uint32_t ep_serial, uint32_t src_incarnation,
+                             uint32_t stream_id, uct_usnic_psn_t ack_psn,
+                             uint64_t sack)
 {
-    uct_usnic_psn_t ack_psn = hdr->psn;
-    ucs_time_t now          = ucs_get_time();
-    unsigned acked          = 0;
+    ucs_time_t now = ucs_get_time();
+    unsigned acked = 0;
     uct_usnic_tx_desc_t *desc;
     uct_usnic_ep_t *ep;
 
     if (!ucs_ptr_array_lookup(&iface->eps, ep_id, ep) ||
-        (ep->serial != ack->ep_serial) ||
-        (ep->peer_incarnation != ack->src_incarnation)) {
+        (ep->serial != ep_serial) ||
+        (ep->peer_incarnation != src_incarnation)) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_STREAM);
         return;
     }
 
-
-    if (UCT_USNIC_PSN_GE(ack_psn, ep->next_psn) ||
-        UCT_USNIC_PSN_LT(ack_psn, ep->acked_psn)) {
-        /* Acknowledges what was never sent, or is older than what we know */
+    if (UCT_USNIC_PSN_GE(ack_psn, ep->next_psn)) {
+        /* Acknowledges what was never sent */
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
         return;
     }
 
+    if (UCT_USNIC_PSN_LT(ack_psn, ep->acked_psn)) {
+        /* Overtaken by a later ACK: nothing new */
+        return;
+    }
+
     ++iface->stats.rx_acks;
-    ep->peer_stream_id = ack->stream_id;
+    ep->peer_stream_id = stream_id;
 
     while (!ucs_queue_is_empty(&ep->window)) {
         desc = ucs_queue_head_elem_non_empty(&ep->window, uct_usnic_tx_desc_t,
@@ -284,8 +336,8 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface, uint32_t ep_id,
     uct_usnic_tx_cwnd_grow(iface, ep, acked);
     if (ep->tx_count == 0) {
         uct_usnic_tx_window_empty(iface, ep);
-    } else if (ack->sack != 0) {
-        uct_usnic_tx_handle_sack(iface, ep, ack->sack, now);
+    } else if (sack != 0) {
+        uct_usnic_tx_handle_sack(iface, ep, sack, now);
     }
 
     uct_usnic_tx_flush_complete(ep, 0, UCS_OK);
@@ -306,7 +358,7 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
     uct_usnic_tx_desc_t *desc;
 
     ucs_queue_for_each(desc, &ep->window, queue) {
-        if (count >= budget) {
+        if ((count >= budget) || (oldest_checked && (ep->unsent == 0))) {
             break;
         }
 

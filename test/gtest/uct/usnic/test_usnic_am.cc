@@ -11,7 +11,10 @@ extern "C" {
 #include <uct/usnic/usnic_ep.h>
 }
 
+#include <algorithm>
+#include <functional>
 #include <map>
+#include <string>
 #include <vector>
 
 
@@ -21,7 +24,8 @@ extern "C" {
  */
 class test_usnic_am : public uct_test {
 protected:
-    static const uint8_t AM_ID = 7;
+    static const uint8_t AM_ID     = 7;
+    static const size_t RX_HEADROOM = 40;
 
     struct message {
         uint32_t sender;
@@ -32,7 +36,9 @@ protected:
     void init()
     {
         uct_test::init();
-        m_receiver = create_entity(0);
+        /* Descriptors kept by the handler are released through the
+         * headroom, so a wrong headroom offset shows up as corruption */
+        m_receiver = create_entity(RX_HEADROOM);
         m_entities.push_back(m_receiver);
         ASSERT_UCS_OK(uct_iface_set_am_handler(m_receiver->iface(), AM_ID,
                                                am_handler, this,
@@ -96,7 +102,7 @@ protected:
 
         if (self->m_keep_descs && (flags & UCT_CB_PARAM_FLAG_DESC) &&
             ((msg.seq % 3) == 0)) {
-            self->m_kept.push_back((char*)data - self->m_rx_headroom);
+            self->m_kept.push_back((char*)data - RX_HEADROOM);
             return UCS_INPROGRESS;
         }
         return UCS_OK;
@@ -172,13 +178,18 @@ protected:
         ++m_sent;
     }
 
-    void wait_all_received()
+    void progress_until(const std::function<bool()> &done)
     {
         ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(60);
 
-        while ((m_received < m_sent) && (ucs_get_time() < deadline)) {
+        while (!done() && (ucs_get_time() < deadline)) {
             progress();
         }
+    }
+
+    void wait_all_received()
+    {
+        progress_until([this]() { return m_received >= m_sent; });
         flush();
         EXPECT_EQ(m_sent, m_received);
         EXPECT_EQ(0u, m_errors_found);
@@ -199,7 +210,6 @@ protected:
     std::map<uint32_t, uint32_t> m_expected_seq;
     std::vector<void*>          m_kept;
     bool                        m_keep_descs;
-    size_t                      m_rx_headroom = 0;
     size_t                      m_sent        = 0;
     size_t                      m_received    = 0;
     unsigned                    m_errors_found = 0;
@@ -306,5 +316,302 @@ UCS_TEST_P(test_usnic_am, ep_create_destroy) {
         sender->destroy_ep(0);
     }
 }
+
+/* Messages too small to carry a sequence number: 0 and 1 byte, through
+ * am_bcopy and am_short_iov, interleaved; they must arrive as sent */
+class test_usnic_am_tiny : public test_usnic_am {
+protected:
+    static const uint8_t TINY_AM_ID = 9;
+
+    void init()
+    {
+        test_usnic_am::init();
+        ASSERT_UCS_OK(uct_iface_set_am_handler(m_receiver->iface(),
+                                               TINY_AM_ID, tiny_handler,
+                                               this, 0));
+    }
+
+    static ucs_status_t tiny_handler(void *arg, void *data, size_t length,
+                                     unsigned flags)
+    {
+        test_usnic_am_tiny *self = (test_usnic_am_tiny*)arg;
+
+        self->m_tiny_received.push_back(std::string((char*)data, length));
+        return UCS_OK;
+    }
+
+    static size_t pack_string(void *dest, void *arg)
+    {
+        const std::string *str = (const std::string*)arg;
+
+        memcpy(dest, str->data(), str->size());
+        return str->size();
+    }
+
+    ucs_status_t send_tiny(const std::string &str, bool bcopy)
+    {
+        uct_iov_t iov = {(void*)str.data(), str.size(), NULL, str.size(), 1};
+        ssize_t packed;
+
+        if (!bcopy) {
+            return uct_ep_am_short_iov(m_sender->ep(0), TINY_AM_ID, &iov, 1);
+        }
+
+        packed = uct_ep_am_bcopy(m_sender->ep(0), TINY_AM_ID, pack_string,
+                                 (void*)&str, 0);
+        if (packed < 0) {
+            return (ucs_status_t)packed;
+        }
+        EXPECT_EQ((ssize_t)str.size(), packed);
+        return UCS_OK;
+    }
+
+    entity                   *m_sender;
+    std::vector<std::string> m_tiny_received;
+};
+
+UCS_TEST_P(test_usnic_am_tiny, zero_and_one_byte) {
+    std::vector<std::string> sent;
+
+    m_sender = add_sender();
+    for (int i = 0; i < 200; ++i) {
+        std::string str = (i % 3 == 0) ? "" : std::string(1, (char)i);
+        ucs_status_t status;
+
+        do {
+            status = send_tiny(str, (i % 2) == 0);
+            if (status == UCS_ERR_NO_RESOURCE) {
+                progress();
+            }
+        } while (status == UCS_ERR_NO_RESOURCE);
+        ASSERT_UCS_OK(status);
+        sent.push_back(str);
+    }
+
+    progress_until([&]() { return m_tiny_received.size() >= sent.size(); });
+    EXPECT_EQ(sent, m_tiny_received);
+}
+
+_UCT_INSTANTIATE_TEST_CASE(test_usnic_am_tiny, usnic)
+
+
+/* In a ping-pong, each reply carries the ACK of the request it answers */
+UCS_TEST_P(test_usnic_am, ping_pong_piggyback_acks) {
+    const size_t count = 2000;
+    entity *sender     = add_sender();
+    const uct_usnic_iface_t *ifaces[] = {
+        ucs_derived_of(sender->iface(), uct_usnic_iface_t), receiver_iface()
+    };
+
+    ASSERT_UCS_OK(uct_iface_set_am_handler(sender->iface(), AM_ID,
+                                           am_handler, this, 0));
+    m_receiver->connect(0, *sender, 0);
+    m_next_seq.push_back(0);
+
+    for (size_t i = 0; i < count; ++i) {
+        send(sender, 0, sizeof(message) + (i % 64), (i % 2) != 0);
+        progress_until([&]() { return m_received >= m_sent; });
+        send(m_receiver, 1, sizeof(message) + (i % 64), (i % 2) == 0);
+        progress_until([&]() { return m_received >= m_sent; });
+    }
+    wait_all_received();
+
+    for (const uct_usnic_iface_t *iface : ifaces) {
+        EXPECT_GE(iface->stats.tx_piggy_acks, count / 2);
+        EXPECT_LT(iface->stats.tx_acks, count / 2);
+    }
+}
+
+/* Flush completes only when everything sent before it has arrived */
+UCS_TEST_P(test_usnic_am, flush_semantics) {
+    entity *sender = add_sender();
+    uct_completion_t comp;
+    size_t received_at_completion = 0;
+    struct flush_comp {
+        uct_completion_t super;
+        size_t           *received_at_completion;
+        const size_t     *received;
+    } fcomp;
+
+    /* Nothing outstanding: done at once */
+    EXPECT_UCS_OK(uct_ep_flush(sender->ep(0), 0, NULL));
+
+    for (int i = 0; i < 100; ++i) {
+        send(sender, 0, sizeof(message) + (i * 37) % max_short(),
+             (i % 2) != 0);
+    }
+
+    fcomp.super.func               = [](uct_completion_t *self) {
+        flush_comp *c = ucs_container_of(self, flush_comp, super);
+        *c->received_at_completion = *c->received;
+    };
+    fcomp.super.count              = 1;
+    fcomp.super.status             = UCS_OK;
+    fcomp.received_at_completion   = &received_at_completion;
+    fcomp.received                 = &m_received;
+    ASSERT_EQ(UCS_INPROGRESS, uct_ep_flush(sender->ep(0), 0, &fcomp.super));
+
+    progress_until([&]() { return fcomp.super.count == 0; });
+    EXPECT_EQ(0, fcomp.super.count);
+    EXPECT_UCS_OK(fcomp.super.status);
+    EXPECT_EQ(m_sent, received_at_completion);
+
+    /* And the ep and iface are idle again */
+    EXPECT_UCS_OK(uct_ep_flush(sender->ep(0), 0, NULL));
+    EXPECT_UCS_OK(uct_iface_flush(sender->iface(), 0, NULL));
+
+    /* Cancel completes a waiting flush with UCS_ERR_CANCELED */
+    send(sender, 0, sizeof(message), false);
+    comp.func   = (uct_completion_callback_t)ucs_empty_function;
+    comp.count  = 1;
+    comp.status = UCS_OK;
+    ASSERT_EQ(UCS_INPROGRESS, uct_ep_flush(sender->ep(0), 0, &comp));
+    EXPECT_UCS_OK(uct_ep_flush(sender->ep(0), UCT_FLUSH_FLAG_CANCEL, NULL));
+    EXPECT_EQ(0, comp.count);
+    EXPECT_EQ(UCS_ERR_CANCELED, comp.status);
+    wait_all_received();
+}
+
+
+/*
+ * Pending requests: dispatched in order per endpoint and fairly across
+ * endpoints when the iface's send buffers are what is short.
+ */
+class test_usnic_pending : public test_usnic_am {
+protected:
+    static const unsigned NUM_EPS     = 3;
+    static const unsigned NUM_PENDING = 20;
+
+    struct pending_send {
+        uct_pending_req_t  super;
+        test_usnic_pending *test;
+        unsigned           ep_index;
+    };
+
+    void init()
+    {
+        /* Few send buffers for the whole iface, so that all eps wait */
+        modify_config("TX_MAX_BUFS", "128");
+        test_usnic_am::init();
+    }
+
+    /* Send the next message of m_sender's ep <index>, once */
+    ucs_status_t try_send(unsigned index)
+    {
+        message msg = {index, m_next_seq[index], sizeof(message)};
+        uint64_t header;
+        ucs_status_t status;
+
+        memcpy(&header, &msg, sizeof(header));
+        status = uct_ep_am_short(m_sender->ep(index), AM_ID, header,
+                                 (char*)&msg + sizeof(header),
+                                 sizeof(msg) - sizeof(header));
+        if (status == UCS_OK) {
+            ++m_next_seq[index];
+            ++m_sent;
+        }
+        return status;
+    }
+
+    static ucs_status_t dispatch(uct_pending_req_t *self)
+    {
+        pending_send *req = ucs_container_of(self, pending_send, super);
+        ucs_status_t status;
+
+        status = req->test->try_send(req->ep_index);
+        if (status == UCS_OK) {
+            req->test->m_dispatched.push_back(req->ep_index);
+        }
+        return status;
+    }
+
+    entity                *m_sender;
+    std::vector<unsigned> m_dispatched;
+};
+
+UCS_TEST_P(test_usnic_pending, order_and_fairness) {
+    std::vector<pending_send> reqs(NUM_EPS * NUM_PENDING);
+    unsigned i;
+
+    m_sender = create_entity(0);
+    m_entities.push_back(m_sender);
+    for (i = 0; i < NUM_EPS; ++i) {
+        m_sender->connect(i, *m_receiver, 0);
+        m_next_seq.push_back(0);
+    }
+
+    /* Use up the iface's send buffers, round robin, without progress */
+    for (i = 0; try_send(i) == UCS_OK; i = (i + 1) % NUM_EPS) {
+    }
+
+    for (unsigned n = 0; n < NUM_PENDING; ++n) {
+        for (unsigned i = 0; i < NUM_EPS; ++i) {
+            pending_send &req = reqs[n * NUM_EPS + i];
+            req.super.func    = dispatch;
+            req.test          = this;
+            req.ep_index      = i;
+            ASSERT_UCS_OK(uct_ep_pending_add(m_sender->ep(i), &req.super,
+                                             0));
+        }
+    }
+
+    /* Nothing overtakes a pending request */
+    EXPECT_EQ(UCS_ERR_NO_RESOURCE, try_send(0));
+
+    progress_until([&]() {
+        return m_dispatched.size() >= NUM_EPS * NUM_PENDING;
+    });
+    ASSERT_EQ(size_t(NUM_EPS * NUM_PENDING), m_dispatched.size());
+
+    /* Fair: every ep got its first turn before any other ep was done */
+    for (unsigned i = 0; i < NUM_EPS; ++i) {
+        size_t first = std::find(m_dispatched.begin(), m_dispatched.end(), i) -
+                       m_dispatched.begin();
+        for (unsigned j = 0; j < NUM_EPS; ++j) {
+            size_t last = m_dispatched.rend() -
+                          std::find(m_dispatched.rbegin(),
+                                    m_dispatched.rend(), j) - 1;
+            EXPECT_LT(first, last) << "ep " << i << " waited for ep " << j;
+        }
+    }
+
+    /* With room again, pending_add says "send it yourself" */
+    wait_all_received();
+    pending_send extra;
+    extra.super.func = dispatch;
+    extra.test       = this;
+    extra.ep_index   = 0;
+    EXPECT_EQ(UCS_ERR_BUSY, uct_ep_pending_add(m_sender->ep(0), &extra.super,
+                                               0));
+    EXPECT_UCS_OK(try_send(0));
+    wait_all_received();
+}
+
+UCS_TEST_P(test_usnic_pending, purge) {
+    std::vector<pending_send> reqs(NUM_PENDING);
+    unsigned purged = 0;
+
+    m_sender = add_sender();
+    while (try_send(0) == UCS_OK) {
+        /* until the window is full */
+    }
+
+    for (pending_send &req : reqs) {
+        req.super.func = dispatch;
+        req.test       = this;
+        req.ep_index   = 0;
+        ASSERT_UCS_OK(uct_ep_pending_add(m_sender->ep(0), &req.super, 0));
+    }
+
+    uct_ep_pending_purge(m_sender->ep(0),
+                         [](uct_pending_req_t *self, void *arg) {
+                             ++*(unsigned*)arg;
+                         }, &purged);
+    EXPECT_EQ(unsigned(NUM_PENDING), purged);
+    wait_all_received();
+    EXPECT_TRUE(m_dispatched.empty());
+}
+
+_UCT_INSTANTIATE_TEST_CASE(test_usnic_pending, usnic)
 
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_am, usnic)

@@ -246,7 +246,11 @@ UCS_TEST_P(test_usnic_iface, bad_config_values) {
         {"RX_POST_BATCH", "0"},
         {"MAX_POLL", "0"},
         {"MTU", "16"},
-        {"MTU", "1g"}
+        {"MTU", "1g"},
+        {"WINDOW", "8"},
+        {"ACK_FREQ", "100000"},
+        {"MAX_BCOPY", "8m"},
+        {"ASYNC_TICK", "0"}
     };
 
     for (size_t i = 0; i < ucs_static_array_size(cases); ++i) {

@@ -1,0 +1,194 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ *
+ * Memory an endpoint costs, measured through the public UCT API: opens two
+ * usnic ifaces on one device, connects N endpoints from the first to the
+ * second, sends one message on each and waits until all are acknowledged.
+ * Prints the heap in use (malloc'd and mmap'd by malloc) per endpoint on
+ * the sending side (the ep) and on the receiving side (its stream).
+ *
+ *   ep_memory [-d device] [-n endpoints]
+ */
+
+#include <uct/api/uct.h>
+#include <ucs/async/async_fwd.h>
+
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CHECK(_call) \
+    do { \
+        ucs_status_t _status = (_call); \
+        if (_status != UCS_OK) { \
+            fprintf(stderr, "ep_memory: %s: %s\n", #_call, \
+                    ucs_status_string(_status)); \
+            exit(1); \
+        } \
+    } while (0)
+
+static size_t received;
+
+static ucs_status_t am_cb(void *arg, void *data, size_t length,
+                          unsigned flags)
+{
+    ++received;
+    return UCS_OK;
+}
+
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+
+    return mi.uordblks + mi.hblkhd;
+}
+
+static uct_iface_h iface_open(uct_md_h md, uct_worker_h worker,
+                              const char *dev)
+{
+    uct_iface_params_t params = {0};
+    uct_iface_config_t *config;
+    uct_iface_h iface;
+
+    params.field_mask           = UCT_IFACE_PARAM_FIELD_OPEN_MODE |
+                                  UCT_IFACE_PARAM_FIELD_DEVICE |
+                                  UCT_IFACE_PARAM_FIELD_RX_HEADROOM;
+    params.open_mode            = UCT_IFACE_OPEN_MODE_DEVICE;
+    params.mode.device.tl_name  = "usnic";
+    params.mode.device.dev_name = dev;
+    params.rx_headroom          = 0;
+
+    CHECK(uct_md_iface_config_read(md, "usnic", NULL, NULL, &config));
+    CHECK(uct_iface_open(md, worker, &params, config, &iface));
+    uct_config_release(config);
+    return iface;
+}
+
+static void *address(uct_iface_h iface, size_t length,
+                     ucs_status_t (*get)(uct_iface_h, void*))
+{
+    void *addr = malloc(length);
+
+    CHECK(get(iface, addr));
+    return addr;
+}
+
+static ucs_status_t get_dev_addr(uct_iface_h iface, void *addr)
+{
+    return uct_iface_get_device_address(iface, addr);
+}
+
+static ucs_status_t get_iface_addr(uct_iface_h iface, void *addr)
+{
+    return uct_iface_get_address(iface, addr);
+}
+
+int main(int argc, char **argv)
+{
+    const char *dev = "lo";
+    unsigned num_eps = 10000, i;
+    uct_component_h *components, component = NULL;
+    unsigned num_components;
+    ucs_async_context_t *async;
+    uct_worker_h worker;
+    uct_md_config_t *md_config;
+    uct_md_h md;
+    uct_iface_h sender, receiver;
+    uct_iface_attr_t attr;
+    uct_ep_params_t ep_params = {0};
+    uct_component_attr_t comp_attr = {0};
+    uct_ep_h *eps;
+    void *dev_addr, *iface_addr;
+    size_t before, after_create, after_traffic;
+    int c;
+
+    while ((c = getopt(argc, argv, "d:n:")) != -1) {
+        switch (c) {
+        case 'd': dev = optarg; break;
+        case 'n': num_eps = strtoul(optarg, NULL, 0); break;
+        default:
+            fprintf(stderr, "usage: %s [-d device] [-n endpoints]\n",
+                    argv[0]);
+            return 1;
+        }
+    }
+
+    CHECK(uct_query_components(&components, &num_components));
+    for (i = 0; i < num_components; ++i) {
+        comp_attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME;
+        CHECK(uct_component_query(components[i], &comp_attr));
+        if (!strcmp(comp_attr.name, "usnic")) {
+            component = components[i];
+        }
+    }
+    if (component == NULL) {
+        fprintf(stderr, "ep_memory: no usnic component in this UCX\n");
+        return 1;
+    }
+
+    CHECK(ucs_async_context_create(UCS_ASYNC_MODE_THREAD_SPINLOCK, &async));
+    CHECK(uct_worker_create(async, UCS_THREAD_MODE_SINGLE, &worker));
+    CHECK(uct_md_config_read(component, NULL, NULL, &md_config));
+    CHECK(uct_md_open(component, dev, md_config, &md));
+    uct_config_release(md_config);
+
+    sender   = iface_open(md, worker, dev);
+    receiver = iface_open(md, worker, dev);
+    CHECK(uct_iface_set_am_handler(receiver, 0, am_cb, NULL, 0));
+    CHECK(uct_iface_query(receiver, &attr));
+    dev_addr   = address(receiver, attr.device_addr_len, get_dev_addr);
+    iface_addr = address(receiver, attr.iface_addr_len, get_iface_addr);
+    uct_iface_progress_enable(sender, UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
+    uct_iface_progress_enable(receiver,
+                              UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
+
+    ep_params.field_mask = UCT_EP_PARAM_FIELD_IFACE |
+                           UCT_EP_PARAM_FIELD_DEV_ADDR |
+                           UCT_EP_PARAM_FIELD_IFACE_ADDR;
+    ep_params.iface      = sender;
+    ep_params.dev_addr   = dev_addr;
+    ep_params.iface_addr = iface_addr;
+    eps                  = calloc(num_eps, sizeof(*eps));
+
+    before = heap_in_use();
+    for (i = 0; i < num_eps; ++i) {
+        CHECK(uct_ep_create(&ep_params, &eps[i]));
+    }
+    after_create = heap_in_use();
+
+    /* One message per ep opens a stream at the receiver; one ep at a time,
+     * so that the send buffer pool does not grow beyond a few buffers */
+    for (i = 0; i < num_eps; ++i) {
+        while (uct_ep_am_short(eps[i], 0, i, NULL, 0) == UCS_ERR_NO_RESOURCE) {
+            uct_worker_progress(worker);
+        }
+        while (uct_ep_flush(eps[i], 0, NULL) != UCS_OK) {
+            uct_worker_progress(worker);
+        }
+    }
+    after_traffic = heap_in_use();
+
+    printf("endpoints: %u, messages received: %zu\n", num_eps, received);
+    printf("sender ep, before traffic: %.0f bytes\n",
+           (double)(after_create - before) / num_eps);
+    printf("sender ep + receiver stream, after traffic: %.0f bytes\n",
+           (double)(after_traffic - before) / num_eps);
+
+    for (i = 0; i < num_eps; ++i) {
+        uct_ep_destroy(eps[i]);
+    }
+    free(eps);
+    free(dev_addr);
+    free(iface_addr);
+    uct_iface_close(sender);
+    uct_iface_close(receiver);
+    uct_md_close(md);
+    uct_worker_destroy(worker);
+    ucs_async_context_destroy(async);
+    uct_release_component_list(components);
+    return (received == num_eps) ? 0 : 1;
+}
