@@ -115,7 +115,9 @@ typedef struct uct_usnic_iface {
     uct_usnic_channel_t     channels[UCT_USNIC_CHANNEL_LAST];
     uct_usnic_device_addr_t dev_addr;
     uint32_t                incarnation;
-    double                  bandwidth;     /* Link bandwidth, bytes/s */
+    double                  bandwidth;     /* Estimated, bytes/s */
+    double                  latency;       /* Estimated, seconds */
+    double                  overhead;      /* Estimated, seconds */
     size_t                  inject_size;   /* Largest fi_inject datagram */
     ucs_ptr_array_t         eps;           /* ep id -> uct_usnic_ep_t */
     uint32_t                next_ep_serial;

@@ -488,11 +488,28 @@ protected:
         unsigned           ep_index;
     };
 
+    static const unsigned TX_MAX_BUFS = 128;
+
     void init()
     {
-        /* Few send buffers for the whole iface, so that all eps wait */
-        modify_config("TX_MAX_BUFS", "128");
+        /* Few send buffers for the whole iface, so that all eps wait. UCX
+         * 1.13 names the variable relative to the transport's table, 1.22
+         * with the table's prefix; the tests check that it took effect */
+        std::string value = ucs::to_string(TX_MAX_BUFS);
+        modify_config("TX_MAX_BUFS", value, IGNORE_IF_NOT_EXIST);
+        modify_config("USNIC_TX_MAX_BUFS", value, IGNORE_IF_NOT_EXIST);
         test_usnic_am::init();
+    }
+
+    entity *create_sender()
+    {
+        entity *sender = create_entity(0);
+
+        m_entities.push_back(sender);
+        EXPECT_EQ(unsigned(TX_MAX_BUFS),
+                  ucs_derived_of(sender->iface(), uct_usnic_iface_t)
+                          ->config.tx_max_bufs);
+        return sender;
     }
 
     /* Send the next message of m_sender's ep <index>, once */
@@ -533,8 +550,7 @@ UCS_TEST_P(test_usnic_pending, order_and_fairness) {
     std::vector<pending_send> reqs(NUM_EPS * NUM_PENDING);
     unsigned i;
 
-    m_sender = create_entity(0);
-    m_entities.push_back(m_sender);
+    m_sender = create_sender();
     for (i = 0; i < NUM_EPS; ++i) {
         m_sender->connect(i, *m_receiver, 0);
         m_next_seq.push_back(0);
