@@ -6,7 +6,8 @@
 #     -p udp -e dgram), ucx_perftest am_lat over usnic and over tcp;
 #   message rate, 8-byte messages: raw datagrams (contrib/dgram_rate.c, no
 #     reliability), ucx_perftest am_bw short over usnic and over tcp;
-#   bandwidth, 8 KiB messages: am_bw bcopy over usnic and over tcp;
+#   bandwidth, 8 KiB messages: am_bw bcopy over usnic and over tcp, and
+#     raw datagrams of the largest size the provider sends;
 #   memory: RSS of a usnic am_bw client at start and end of a long stream.
 #
 #   contrib/bench.sh [--lo] [-n ITERATIONS] [-r REPEAT] [--rss-messages N]
@@ -79,10 +80,11 @@ pingpong_lat() {
     awk '$1 == "8" { print $7 }' "${logs}/fi_pingpong.client"
 }
 
+# dgram_rate <size> <count>: datagrams per second received
 dgram_rate() {
     usnic_pair_run "${logs}/dgram_rate" u "${port}" \
-        "${logs}/dgram_rate" -s 8 -b "${usnic_pair_addr}" -P "${port}" -- \
-        "${logs}/dgram_rate" -s 8 -n "${iters}" -P "${port}" @ADDR@ \
+        "${logs}/dgram_rate" -s "$1" -b "${usnic_pair_addr}" -P "${port}" -- \
+        "${logs}/dgram_rate" -s "$1" -n "$2" -P "${port}" @ADDR@ \
         >/dev/null
     awk '/^received/ { print $7 }' "${logs}/dgram_rate.server"
 }
@@ -126,12 +128,16 @@ measure() {
 }
 
 raw_lat=() usnic_lat=() tcp_lat=() raw_rate=() usnic_rate=() tcp_rate=()
-usnic_bw=() tcp_bw=()
+raw_bw=() usnic_bw=() tcp_bw=()
+# The largest datagram the provider sends; 8 KiB messages travel as six
+max_dgram=1472
 bw_iters=$((iters / 4))
 for run in $(seq "${repeat}"); do
     usnic_log "run ${run} of ${repeat}"
     raw_lat+=("$(pingpong_lat)")
-    raw_rate+=("$(dgram_rate)")
+    raw_rate+=("$(dgram_rate 8 "${iters}")")
+    raw_bw+=("$(dgram_rate "${max_dgram}" "$((bw_iters * 6))" |
+                awk -v s="${max_dgram}" '{ printf "%.2f", $1 * s / 1048576 }')")
     for tl in usnic tcp; do
         measure "${tl}_lat" 1 "${tl}_am_lat" "${tl}" \
             -t am_lat -D short -s 8 -n "${iters}"
@@ -160,7 +166,8 @@ tcp="tcp (ucx_perftest -t am_bw -D bcopy -s 8192)"
 table "Bandwidth, 8 KiB messages, ${bw_iters} each (MB/s; higher is better; vs tcp)" \
     MB/s \
     "${tcp}|$(median "${tcp_bw[@]}")" \
-    "usnic (ucx_perftest -t am_bw -D bcopy -s 8192)|$(median "${usnic_bw[@]}")"
+    "usnic (ucx_perftest -t am_bw -D bcopy -s 8192)|$(median "${usnic_bw[@]}")" \
+    "raw ${max_dgram}-byte datagrams (dgram_rate.c)|$(median "${raw_bw[@]}")"
 
 # RSS of the usnic client, sampled every second while it streams
 rss_log=${logs}/usnic_rss.samples
