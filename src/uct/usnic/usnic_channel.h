@@ -31,7 +31,7 @@ typedef struct uct_usnic_rx_desc {
     ucs_list_link_t     list;     /* Entry in the channel's posted list */
     void                *mr_desc; /* Local registration, NULL without one */
     uct_recv_desc_t     release;  /* For a user who keeps the data */
-    size_t              length;   /* Datagram length, while kept */
+    size_t              length;   /* Payload length, while kept */
 } uct_usnic_rx_desc_t;
 
 

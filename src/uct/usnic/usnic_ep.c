@@ -15,45 +15,6 @@
 #include <ucs/debug/log.h>
 
 
-/* Become the ep whose packets carry ACKs to the peer iface, if none is */
-static void uct_usnic_ep_pair(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep)
-{
-    uct_usnic_peer_t *peer = uct_usnic_iface_peer_get(iface,
-                                                      ep->peer_incarnation);
-
-    if ((peer == NULL) || (peer->ep != NULL)) {
-        return; /* ACKs to that peer go standalone or on another ep */
-    }
-
-    peer->ep = ep;
-    if (peer->stream != NULL) {
-        ep->ack_stream         = peer->stream;
-        peer->stream->ack_ep   = ep;
-    }
-}
-
-static void uct_usnic_ep_unpair(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep)
-{
-    khiter_t iter = kh_get(uct_usnic_peers, &iface->peers,
-                           ep->peer_incarnation);
-    uct_usnic_peer_t *peer;
-
-    if (iter == kh_end(&iface->peers)) {
-        return;
-    }
-
-    peer = &kh_value(&iface->peers, iter);
-    if (peer->ep != ep) {
-        return;
-    }
-
-    if (ep->ack_stream != NULL) {
-        ep->ack_stream->ack_ep = NULL;
-    }
-    peer->ep = NULL;
-    uct_usnic_iface_peer_put(iface, ep->peer_incarnation);
-}
-
 UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params)
 {
     uct_usnic_iface_t *iface = ucs_derived_of(params->iface,
@@ -102,7 +63,7 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params)
     ucs_list_head_init(&self->active_list);
     self->ack_stream       = NULL;
     self->id               = ucs_ptr_array_insert(&iface->eps, self);
-    uct_usnic_ep_pair(iface, self);
+    uct_usnic_iface_peer_link(iface, self->peer_incarnation, self, NULL);
 
     ucs_debug("usnic ep %p: id %u to iface 0x%x", self, self->id,
               self->peer_incarnation);
@@ -114,7 +75,7 @@ UCS_CLASS_CLEANUP_FUNC(uct_usnic_ep_t)
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(self);
 
     uct_usnic_tx_window_purge(self, UCS_ERR_CANCELED);
-    uct_usnic_ep_unpair(iface, self);
+    uct_usnic_iface_peer_unlink(iface, self->peer_incarnation, self, NULL);
     ucs_arbiter_group_cleanup(&self->arb_group);
     ucs_ptr_array_remove(&iface->eps, self->id);
 }
@@ -152,9 +113,11 @@ uct_usnic_ep_am_short_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
                        uct_usnic_tx_desc_hdr(iface, desc) + 1, length,
                        "TX: AM_SHORT");
     UCT_TL_EP_STAT_OP(&ep->super, AM, SHORT, length);
+    uct_usnic_iface_enter(iface);
     uct_usnic_tx_post(ep, desc, id,
                       UCT_USNIC_PKT_FLAG_FIRST | UCT_USNIC_PKT_FLAG_LAST,
                       length);
+    uct_usnic_iface_leave(iface);
 }
 
 ucs_status_t uct_usnic_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header,
@@ -213,6 +176,7 @@ static void uct_usnic_ep_post_fragments(uct_usnic_ep_t *ep, uint8_t id,
     uct_usnic_tx_desc_t *desc;
     size_t frag_len;
 
+    uct_usnic_iface_enter(iface);
     do {
         frag_len = ucs_min(length - offset, iface->config.max_payload);
         if ((offset + frag_len) == length) {
@@ -228,6 +192,7 @@ static void uct_usnic_ep_post_fragments(uct_usnic_ep_t *ep, uint8_t id,
         offset += frag_len;
         flags   = 0;
     } while (offset < length);
+    uct_usnic_iface_leave(iface);
 }
 
 ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,

@@ -113,13 +113,13 @@ ucs_arbiter_cb_result_t uct_usnic_ep_do_pending(ucs_arbiter_t *arbiter,
 
 /* Send engine (usnic_tx.c) */
 
+/* Send one datagram of a message; the caller has entered the iface */
 void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
                        uint8_t am_id, uint8_t flags, size_t payload_length);
 
-void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface, uint32_t ep_id,
-                             uint32_t ep_serial, uint32_t src_incarnation,
-                             uint32_t stream_id, uct_usnic_psn_t ack_psn,
-                             uint64_t sack);
+void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
+                             const uct_usnic_ack_ext_t *ack,
+                             uint32_t src_incarnation, uint64_t sack);
 
 unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface);
 

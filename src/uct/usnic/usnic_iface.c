@@ -729,8 +729,13 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
     iface->config.max_resend        = config->max_resend;
 }
 
-uct_usnic_peer_t *uct_usnic_iface_peer_get(uct_usnic_iface_t *iface,
-                                           uint32_t incarnation)
+/*
+ * Pair the peer's ep and stream once both exist. A second ep or stream to the
+ * same peer iface stays unpaired: its ACKs travel standalone.
+ */
+void uct_usnic_iface_peer_link(uct_usnic_iface_t *iface, uint32_t incarnation,
+                               uct_usnic_ep_t *ep,
+                               uct_usnic_rx_stream_t *stream)
 {
     uct_usnic_peer_t *peer;
     khiter_t iter;
@@ -738,7 +743,7 @@ uct_usnic_peer_t *uct_usnic_iface_peer_get(uct_usnic_iface_t *iface,
 
     iter = kh_put(uct_usnic_peers, &iface->peers, incarnation, &ret);
     if (ret < 0) {
-        return NULL;
+        return;
     }
 
     peer = &kh_value(&iface->peers, iter);
@@ -746,17 +751,55 @@ uct_usnic_peer_t *uct_usnic_iface_peer_get(uct_usnic_iface_t *iface,
         peer->ep     = NULL;
         peer->stream = NULL;
     }
-    return peer;
+
+    if (ep != NULL) {
+        if (peer->ep != NULL) {
+            return;
+        }
+        peer->ep = ep;
+    } else {
+        if (peer->stream != NULL) {
+            return;
+        }
+        peer->stream = stream;
+    }
+
+    if ((peer->ep != NULL) && (peer->stream != NULL)) {
+        peer->ep->ack_stream = peer->stream;
+        peer->stream->ack_ep = peer->ep;
+    }
 }
 
-/* Forget a peer once neither its ep nor its stream is left */
-void uct_usnic_iface_peer_put(uct_usnic_iface_t *iface, uint32_t incarnation)
+/* Undo uct_usnic_iface_peer_link(); forget the peer once nothing is left */
+void uct_usnic_iface_peer_unlink(uct_usnic_iface_t *iface,
+                                 uint32_t incarnation, uct_usnic_ep_t *ep,
+                                 uct_usnic_rx_stream_t *stream)
 {
     khiter_t iter = kh_get(uct_usnic_peers, &iface->peers, incarnation);
+    uct_usnic_peer_t *peer;
 
-    if ((iter != kh_end(&iface->peers)) &&
-        (kh_value(&iface->peers, iter).ep == NULL) &&
-        (kh_value(&iface->peers, iter).stream == NULL)) {
+    if (iter == kh_end(&iface->peers)) {
+        return;
+    }
+
+    peer = &kh_value(&iface->peers, iter);
+    if (((ep != NULL) && (peer->ep != ep)) ||
+        ((stream != NULL) && (peer->stream != stream))) {
+        return;
+    }
+
+    if ((peer->ep != NULL) && (peer->stream != NULL)) {
+        peer->ep->ack_stream = NULL;
+        peer->stream->ack_ep = NULL;
+    }
+
+    if (ep != NULL) {
+        peer->ep = NULL;
+    } else {
+        peer->stream = NULL;
+    }
+
+    if ((peer->ep == NULL) && (peer->stream == NULL)) {
         kh_del(uct_usnic_peers, &iface->peers, iter);
     }
 }

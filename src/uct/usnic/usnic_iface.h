@@ -173,10 +173,13 @@ ucs_status_t uct_usnic_iface_av_insert(uct_usnic_iface_t *iface,
                                        uint32_t in_addr, uint16_t port,
                                        fi_addr_t *fi_addr_p);
 
-uct_usnic_peer_t *uct_usnic_iface_peer_get(uct_usnic_iface_t *iface,
-                                           uint32_t incarnation);
+void uct_usnic_iface_peer_link(uct_usnic_iface_t *iface, uint32_t incarnation,
+                               struct uct_usnic_ep *ep,
+                               struct uct_usnic_rx_stream *stream);
 
-void uct_usnic_iface_peer_put(uct_usnic_iface_t *iface, uint32_t incarnation);
+void uct_usnic_iface_peer_unlink(uct_usnic_iface_t *iface,
+                                 uint32_t incarnation, struct uct_usnic_ep *ep,
+                                 struct uct_usnic_rx_stream *stream);
 
 void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
                                const void *packet, size_t length);

@@ -18,7 +18,7 @@
  * All fields are little-endian, except addresses and ports (network order).
  */
 
-#define UCT_USNIC_PROTO_VERSION 1
+#define UCT_USNIC_PROTO_VERSION 2
 
 /* Stream id of a packet whose sender does not know the receiver's stream
  * yet: the packet carries an open extension instead */
@@ -59,8 +59,8 @@ typedef struct uct_usnic_hdr {
     uint8_t  flags;       /* UCT_USNIC_PKT_FLAG_xx */
     uint8_t  am_id;       /* AM id of an AM packet */
     uint32_t incarnation; /* Receiving iface's incarnation */
-    uint32_t stream_id;   /* AM: receiver's stream; ACK: receiver's ep */
-    uint32_t psn;         /* AM: sequence number; ACK: cumulative ACK */
+    uint32_t stream_id;   /* AM: receiver's stream; ACK: 0 */
+    uint32_t psn;         /* AM: sequence number; ACK: 0 */
 } UCS_S_PACKED uct_usnic_hdr_t;
 
 
@@ -80,8 +80,9 @@ typedef struct uct_usnic_open_ext {
 
 
 /**
- * ACK trailer: an AM packet acknowledges the reverse stream on the way
- * (piggy-backed ACK). It follows the payload, before any open trailer.
+ * What an ACK says, the same whether it rides on an AM packet of the reverse
+ * direction (ACK trailer, after the payload and before any open trailer) or
+ * travels standalone.
  */
 typedef struct uct_usnic_ack_ext {
     uint32_t ep_id;     /* Acknowledged ep at the receiver of the packet */
@@ -92,13 +93,13 @@ typedef struct uct_usnic_ack_ext {
 
 
 /**
- * Body of a standalone ACK.
+ * Body of a standalone ACK. A piggy-backed ACK needs neither field: it comes
+ * from the incarnation of its packet's stream and never reports holes.
  */
 typedef struct uct_usnic_ack_body {
-    uint32_t src_incarnation; /* Acknowledging iface */
-    uint32_t stream_id;       /* Its stream: the sender uses it from now on */
-    uint32_t ep_serial;       /* Acknowledged ep, from its open extension */
-    uint64_t sack;            /* Bit i: psn + 2 + i arrived */
+    uct_usnic_ack_ext_t ack;
+    uint32_t            src_incarnation; /* Acknowledging iface */
+    uint64_t            sack;            /* Bit i: psn + 2 + i arrived */
 } UCS_S_PACKED uct_usnic_ack_body_t;
 
 #endif

@@ -35,43 +35,6 @@ uct_usnic_rx_stream_peer(const uct_usnic_rx_stream_t *stream)
     return stream->key >> 32;
 }
 
-/* Let our ep to the sender carry this stream's ACKs, if it carries none */
-static void uct_usnic_rx_stream_pair(uct_usnic_iface_t *iface,
-                                     uct_usnic_rx_stream_t *stream)
-{
-    uct_usnic_peer_t *peer;
-
-    peer = uct_usnic_iface_peer_get(iface, uct_usnic_rx_stream_peer(stream));
-    if ((peer == NULL) || (peer->stream != NULL)) {
-        return;
-    }
-
-    peer->stream = stream;
-    if (peer->ep != NULL) {
-        stream->ack_ep         = peer->ep;
-        peer->ep->ack_stream   = stream;
-    }
-}
-
-static void uct_usnic_rx_stream_unpair(uct_usnic_iface_t *iface,
-                                       uct_usnic_rx_stream_t *stream)
-{
-    uint32_t incarnation = uct_usnic_rx_stream_peer(stream);
-    khiter_t iter        = kh_get(uct_usnic_peers, &iface->peers,
-                                  incarnation);
-
-    if ((iter == kh_end(&iface->peers)) ||
-        (kh_value(&iface->peers, iter).stream != stream)) {
-        return;
-    }
-
-    if (stream->ack_ep != NULL) {
-        stream->ack_ep->ack_stream = NULL;
-    }
-    kh_value(&iface->peers, iter).stream = NULL;
-    uct_usnic_iface_peer_put(iface, incarnation);
-}
-
 static uct_usnic_rx_stream_t *
 uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
                            const uct_usnic_open_ext_t *open, uint64_t key,
@@ -108,7 +71,8 @@ uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
     ucs_list_head_init(&stream->ack_list);
     kh_value(&iface->stream_hash, iter) = stream->id;
 
-    uct_usnic_rx_stream_pair(iface, stream);
+    uct_usnic_iface_peer_link(iface, uct_usnic_rx_stream_peer(stream), NULL,
+                              stream);
     ucs_debug("iface %p: new rx stream %u from ep %u of iface 0x%x", iface,
               stream->id, open->src_ep_id, open->src_incarnation);
     return stream;
@@ -133,7 +97,8 @@ void uct_usnic_rx_stream_destroy(uct_usnic_iface_t *iface,
         ucs_mpool_put(stream->am_buf);
     }
 
-    uct_usnic_rx_stream_unpair(iface, stream);
+    uct_usnic_iface_peer_unlink(iface, uct_usnic_rx_stream_peer(stream), NULL,
+                                stream);
     ucs_list_del(&stream->ack_list);
     iter = kh_get(uct_usnic_streams, &iface->stream_hash, stream->key);
     if (iter != kh_end(&iface->stream_hash)) {
@@ -339,13 +304,9 @@ static void uct_usnic_rx_drain_ooo(uct_usnic_iface_t *iface,
                                    uct_usnic_rx_stream_t *stream)
 {
     unsigned window = iface->config.window;
-    const uct_usnic_open_ext_t *open;
-    const uct_usnic_ack_ext_t *ack;
     const uct_usnic_hdr_t *hdr;
     uct_usnic_rx_desc_t *desc;
-    size_t payload_len;
     unsigned slot;
-    void *data;
 
     while (stream->ooo_count > 0) {
         slot = stream->expected_psn % window;
@@ -359,12 +320,9 @@ static void uct_usnic_rx_drain_ooo(uct_usnic_iface_t *iface,
         ++stream->expected_psn;
         ++stream->unacked;
 
-        data = uct_usnic_rx_desc_data(channel, desc);
-        hdr  = uct_usnic_rx_parse(iface, data, desc->length, &open, &ack,
-                                  &payload_len);
-        ucs_assert(hdr != NULL);
+        hdr = uct_usnic_rx_desc_data(channel, desc);
         if (uct_usnic_rx_deliver(iface, stream, desc, hdr, (void*)(hdr + 1),
-                                 payload_len) != UCS_INPROGRESS) {
+                                 desc->length) != UCS_INPROGRESS) {
             uct_usnic_channel_rx_desc_put(desc);
         }
     }
@@ -429,9 +387,8 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
 
     /* Even a duplicate may carry news for the reverse direction */
     if (ack != NULL) {
-        uct_usnic_tx_handle_ack(iface, ack->ep_id, ack->ep_serial,
-                                uct_usnic_rx_stream_peer(stream),
-                                ack->stream_id, ack->psn, 0);
+        uct_usnic_tx_handle_ack(iface, ack, uct_usnic_rx_stream_peer(stream),
+                                0);
     }
 
     ++iface->stats.rx_packets;
@@ -459,8 +416,22 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
         return UCS_OK;
     }
 
-    desc->length = length;
+    desc->length = payload_len;
     return uct_usnic_rx_keep_ooo(iface, stream, desc, psn);
+}
+
+void uct_usnic_rx_ack_take(uct_usnic_rx_stream_t *stream,
+                           uct_usnic_ack_ext_t *ack)
+{
+    ack->ep_id     = stream->src_ep_id;
+    ack->ep_serial = (uint32_t)stream->key;
+    ack->stream_id = stream->id;
+    ack->psn       = stream->expected_psn - 1;
+
+    stream->unacked = 0;
+    stream->ack_now = 0;
+    ucs_list_del(&stream->ack_list);
+    ucs_list_head_init(&stream->ack_list);
 }
 
 static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
@@ -470,39 +441,31 @@ static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
     struct {
         uct_usnic_hdr_t      hdr;
         uct_usnic_ack_body_t body;
-    } UCS_S_PACKED ack;
+    } UCS_S_PACKED packet;
     unsigned i;
 
-    ack.hdr.version          = UCT_USNIC_PROTO_VERSION;
-    ack.hdr.type             = UCT_USNIC_PKT_ACK;
-    ack.hdr.flags            = 0;
-    ack.hdr.am_id            = 0;
-    ack.hdr.incarnation      = stream->key >> 32;
-    ack.hdr.stream_id        = stream->src_ep_id;
-    ack.hdr.psn              = stream->expected_psn - 1;
-    ack.body.src_incarnation = iface->incarnation;
-    ack.body.stream_id       = stream->id;
-    ack.body.ep_serial       = (uint32_t)stream->key;
-    ack.body.sack            = 0;
+    packet.hdr.version          = UCT_USNIC_PROTO_VERSION;
+    packet.hdr.type             = UCT_USNIC_PKT_ACK;
+    packet.hdr.flags            = 0;
+    packet.hdr.am_id            = 0;
+    packet.hdr.incarnation      = uct_usnic_rx_stream_peer(stream);
+    packet.hdr.stream_id        = 0;
+    packet.hdr.psn              = 0;
+    packet.body.src_incarnation = iface->incarnation;
+    packet.body.sack            = 0;
 
     if (stream->ooo_count > 0) {
         for (i = 0; i < ucs_min(64, window - 1); ++i) {
             if (stream->ooo[(stream->expected_psn + 1 + i) % window] != NULL) {
-                ack.body.sack |= UCS_BIT(i);
+                packet.body.sack |= UCS_BIT(i);
             }
         }
     }
 
+    uct_usnic_rx_ack_take(stream, &packet.body.ack);
     ++iface->stats.tx_acks;
-    uct_usnic_iface_send_ctrl(iface, stream->ack_fi_addr, &ack, sizeof(ack));
-}
-
-void uct_usnic_rx_ack_done(uct_usnic_rx_stream_t *stream)
-{
-    stream->unacked = 0;
-    stream->ack_now = 0;
-    ucs_list_del(&stream->ack_list);
-    ucs_list_head_init(&stream->ack_list);
+    uct_usnic_iface_send_ctrl(iface, stream->ack_fi_addr, &packet,
+                              sizeof(packet));
 }
 
 unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface)
@@ -519,7 +482,6 @@ unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface)
         }
 
         uct_usnic_rx_send_ack(iface, stream);
-        uct_usnic_rx_ack_done(stream);
         ++count;
     }
 
@@ -538,9 +500,8 @@ ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
     if (uct_usnic_rx_hdr_check(iface, hdr, length, UCT_USNIC_PKT_ACK,
                                sizeof(uct_usnic_ack_body_t))) {
         body = (const uct_usnic_ack_body_t*)(hdr + 1);
-        uct_usnic_tx_handle_ack(iface, hdr->stream_id, body->ep_serial,
-                                body->src_incarnation, body->stream_id,
-                                hdr->psn, body->sack);
+        uct_usnic_tx_handle_ack(iface, &body->ack, body->src_incarnation,
+                                body->sack);
     }
     return UCS_OK;
 }

@@ -54,7 +54,9 @@ ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
 
 unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface);
 
-void uct_usnic_rx_ack_done(uct_usnic_rx_stream_t *stream);
+/* Fill in the ACK the stream owes; it then owes none */
+void uct_usnic_rx_ack_take(uct_usnic_rx_stream_t *stream,
+                           uct_usnic_ack_ext_t *ack);
 
 void uct_usnic_rx_stream_destroy(uct_usnic_iface_t *iface,
                                  uct_usnic_rx_stream_t *stream);

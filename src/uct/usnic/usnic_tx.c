@@ -68,14 +68,10 @@ static int uct_usnic_tx_add_ack(uct_usnic_iface_t *iface,
         return 0;
     }
 
-    ack            = UCS_PTR_BYTE_OFFSET(hdr, desc->length);
-    ack->ep_id     = stream->src_ep_id;
-    ack->ep_serial = (uint32_t)stream->key;
-    ack->stream_id = stream->id;
-    ack->psn       = stream->expected_psn - 1;
-    desc->length  += sizeof(*ack);
+    ack = UCS_PTR_BYTE_OFFSET(hdr, desc->length);
+    uct_usnic_rx_ack_take(stream, ack);
+    desc->length += sizeof(*ack);
     ++iface->stats.tx_piggy_acks;
-    uct_usnic_rx_ack_done(stream);
     return 1;
 }
 
@@ -86,7 +82,6 @@ void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
     uct_usnic_hdr_t *hdr     = uct_usnic_tx_desc_hdr(iface, desc);
     uct_usnic_open_ext_t *open;
 
-    uct_usnic_iface_enter(iface);
     hdr->version     = UCT_USNIC_PROTO_VERSION;
     hdr->type        = UCT_USNIC_PKT_AM;
     hdr->am_id       = am_id;
@@ -130,7 +125,6 @@ void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
     ucs_trace_data("ep %p: tx psn %u length %u flags 0x%x", ep, desc->psn,
                    desc->length, flags);
     uct_usnic_tx_send(iface, ep, desc, ucs_get_time());
-    uct_usnic_iface_leave(iface);
 }
 
 static void uct_usnic_tx_desc_release(uct_usnic_iface_t *iface,
@@ -284,18 +278,18 @@ static void uct_usnic_tx_handle_sack(uct_usnic_iface_t *iface,
     }
 }
 
-void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface, uint32_t ep_id,
-                             uint32_t ep_serial, uint32_t src_incarnation,
-                             uint32_t stream_id, uct_usnic_psn_t ack_psn,
-                             uint64_t sack)
+void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
+                             const uct_usnic_ack_ext_t *ack,
+                             uint32_t src_incarnation, uint64_t sack)
 {
-    ucs_time_t now = ucs_get_time();
+    uct_usnic_psn_t ack_psn = ack->psn;
+    ucs_time_t now          = ucs_get_time();
     unsigned acked = 0;
     uct_usnic_tx_desc_t *desc;
     uct_usnic_ep_t *ep;
 
-    if (!ucs_ptr_array_lookup(&iface->eps, ep_id, ep) ||
-        (ep->serial != ep_serial) ||
+    if (!ucs_ptr_array_lookup(&iface->eps, ack->ep_id, ep) ||
+        (ep->serial != ack->ep_serial) ||
         (ep->peer_incarnation != src_incarnation)) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_STREAM);
         return;
@@ -313,7 +307,7 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface, uint32_t ep_id,
     }
 
     ++iface->stats.rx_acks;
-    ep->peer_stream_id = stream_id;
+    ep->peer_stream_id = ack->stream_id;
 
     while (!ucs_queue_is_empty(&ep->window)) {
         desc = ucs_queue_head_elem_non_empty(&ep->window, uct_usnic_tx_desc_t,
