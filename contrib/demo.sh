@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 #
 # Build if needed, show what UCX sees of the usnic transport, then run
-# ucx_perftest server and client over it: am_lat with 8-byte short messages
-# and am_bw with 8 KiB bcopy messages.
+# ucx_perftest server and client over it: am_lat with 8-byte short messages,
+# am_bw with 8 KiB bcopy messages, put_lat with 8-byte and put_bw with 8 KiB
+# put_bcopy.
 #
 #   contrib/demo.sh [-n ITERATIONS]            on this host's loopback (lo)
 #   contrib/demo.sh --netns [-n ITERATIONS]    across two network namespaces
@@ -17,12 +18,14 @@ set -euo pipefail
 
 mode=lo
 iters=100000
-tests=("am_lat -D short -s 8" "am_bw -D bcopy -s 8192")
+tests=("am_lat -D short -s 8" "am_bw -D bcopy -s 8192"
+       "put_lat -D bcopy -s 8" "put_bw -D bcopy -s 8192")
 while [ $# -gt 0 ]; do
     case $1 in
     --netns) mode=netns ;;
     --all)   tests=("am_lat -D short -s 8" "am_bw -D short -s 8"
-                    "am_bw -D bcopy -s 1024" "am_bw -D bcopy -s 8192") ;;
+                    "am_bw -D bcopy -s 1024" "am_bw -D bcopy -s 8192"
+                    "put_lat -D bcopy -s 8" "put_bw -D bcopy -s 8192") ;;
     -n)      iters=$2; shift ;;
     *)       usnic_die "usage: $0 [--netns] [--all] [-n ITERATIONS]" ;;
     esac

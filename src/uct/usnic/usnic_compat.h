@@ -156,7 +156,7 @@ typedef struct {
 } uct_md_mem_reg_params_t;
 
 #define UCT_MD_MEM_REG_FIELD_VALUE(_params, _name, _flag, _default) \
-    (((_params)->field_mask & UCT_MD_MEM_REG_FIELD_##_flag) ? \
+    (((_params)->field_mask & UCT_MD_MEM_REG_##_flag) ? \
      (_params)->_name : (_default))
 
 typedef struct {

@@ -114,7 +114,7 @@ uct_usnic_ep_am_short_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
                        "TX: AM_SHORT");
     UCT_TL_EP_STAT_OP(&ep->super, AM, SHORT, length);
     uct_usnic_iface_enter(iface);
-    uct_usnic_tx_post(ep, desc, id,
+    uct_usnic_tx_post(ep, desc, UCT_USNIC_PKT_AM, id,
                       UCT_USNIC_PKT_FLAG_FIRST | UCT_USNIC_PKT_FLAG_LAST,
                       length);
     uct_usnic_iface_leave(iface);
@@ -166,33 +166,62 @@ ucs_status_t uct_usnic_ep_am_short_iov(uct_ep_h tl_ep, uint8_t id,
     return UCS_OK;
 }
 
-/* Cut a packed message into datagrams; the window has room for them all */
+/*
+ * Cut a packed message into datagrams; the window has room for them all. A
+ * remote write (put != NULL) repeats its extension in every datagram.
+ */
 static void uct_usnic_ep_post_fragments(uct_usnic_ep_t *ep, uint8_t id,
+                                        uct_usnic_put_ext_t *put,
                                         const void *data, size_t length)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uint8_t flags            = UCT_USNIC_PKT_FLAG_FIRST;
+    size_t ext_len           = (put == NULL) ? 0 : sizeof(*put);
+    size_t max_frag          = (put == NULL) ? iface->config.max_payload :
+                                               iface->config.put_max_payload;
     size_t offset            = 0;
     uct_usnic_tx_desc_t *desc;
     size_t frag_len;
+    void *body;
 
     uct_usnic_iface_enter(iface);
     do {
-        frag_len = ucs_min(length - offset, iface->config.max_payload);
+        frag_len = ucs_min(length - offset, max_frag);
         if ((offset + frag_len) == length) {
             flags |= UCT_USNIC_PKT_FLAG_LAST;
         }
 
         desc = ucs_mpool_get_inline(&iface->tx_mp);
         ucs_assert_always(desc != NULL);
-        memcpy(uct_usnic_tx_desc_hdr(iface, desc) + 1,
+        body = uct_usnic_tx_desc_hdr(iface, desc) + 1;
+        if (put != NULL) {
+            put->offset = offset;
+            memcpy(body, put, ext_len);
+        }
+        memcpy(UCS_PTR_BYTE_OFFSET(body, ext_len),
                UCS_PTR_BYTE_OFFSET(data, offset), frag_len);
-        uct_usnic_tx_post(ep, desc, id, flags, frag_len);
+        uct_usnic_tx_post(ep, desc,
+                          (put == NULL) ? UCT_USNIC_PKT_AM : UCT_USNIC_PKT_PUT,
+                          id, flags, ext_len + frag_len);
 
         offset += frag_len;
         flags   = 0;
     } while (offset < length);
     uct_usnic_iface_leave(iface);
+}
+
+/* The size of a bcopy is known only after packing, so there must be room
+ * for the largest one */
+static UCS_F_ALWAYS_INLINE ucs_status_t
+uct_usnic_ep_bcopy_check(uct_usnic_ep_t *ep)
+{
+    if (ucs_unlikely(!uct_usnic_ep_can_send(
+                ep, uct_usnic_ep_iface(ep)->config.max_bcopy_packets))) {
+        UCS_STATS_UPDATE_COUNTER(ep->super.stats, UCT_EP_STAT_NO_RES, 1);
+        return UCS_ERR_NO_RESOURCE;
+    }
+
+    return UCS_OK;
 }
 
 ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
@@ -201,16 +230,13 @@ ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
 {
     uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    ucs_status_t status;
     size_t length;
 
     UCT_CHECK_AM_ID(id);
-
-    /* The message size is known only after packing, so there must be room
-     * for the largest one */
-    if (ucs_unlikely(!uct_usnic_ep_can_send(
-                ep, iface->config.max_bcopy_packets))) {
-        UCS_STATS_UPDATE_COUNTER(ep->super.stats, UCT_EP_STAT_NO_RES, 1);
-        return UCS_ERR_NO_RESOURCE;
+    status = uct_usnic_ep_bcopy_check(ep);
+    if (ucs_unlikely(status != UCS_OK)) {
+        return status;
     }
 
     length = pack_cb(iface->bcopy_buf, arg);
@@ -220,7 +246,45 @@ ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
     uct_iface_trace_am(&iface->super, UCT_AM_TRACE_TYPE_SEND, id,
                        iface->bcopy_buf, length, "TX: AM_BCOPY");
     UCT_TL_EP_STAT_OP(&ep->super, AM, BCOPY, length);
-    uct_usnic_ep_post_fragments(ep, id, iface->bcopy_buf, length);
+    uct_usnic_ep_post_fragments(ep, id, NULL, iface->bcopy_buf, length);
+    return length;
+}
+
+/* The target applies the write when it arrives in order: once the ep's
+ * flush completes, the data is in place */
+ssize_t uct_usnic_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb,
+                               void *arg, uint64_t remote_addr,
+                               uct_rkey_t rkey)
+{
+    uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uct_usnic_put_ext_t put  = {0};
+    const uct_usnic_rkey_t *key;
+    ucs_status_t status;
+    size_t length;
+
+    status = uct_usnic_ep_bcopy_check(ep);
+    if (ucs_unlikely(status != UCS_OK)) {
+        return status;
+    }
+
+    length = pack_cb(iface->bcopy_buf, arg);
+    ucs_assertv(length <= iface->config.put_max_bcopy,
+                "length=%zu put_max_bcopy=%zu", length,
+                iface->config.put_max_bcopy);
+
+    /* A write of nothing may come without a key */
+    if (rkey != UCT_INVALID_RKEY) {
+        key         = (const uct_usnic_rkey_t*)rkey;
+        put.secret  = key->secret;
+        put.rkey_id = key->id;
+    }
+    put.address = remote_addr;
+    put.length  = length;
+    ucs_trace_data("ep %p: put_bcopy %zu bytes to 0x%" PRIx64 " key %u", ep,
+                   length, remote_addr, put.rkey_id);
+    UCT_TL_EP_STAT_OP(&ep->super, PUT, BCOPY, length);
+    uct_usnic_ep_post_fragments(ep, 0, &put, iface->bcopy_buf, length);
     return length;
 }
 

@@ -93,6 +93,10 @@ ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
                               uct_pack_callback_t pack_cb, void *arg,
                               unsigned flags);
 
+ssize_t uct_usnic_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb,
+                               void *arg, uint64_t remote_addr,
+                               uct_rkey_t rkey);
+
 ucs_status_t uct_usnic_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req,
                                       unsigned flags);
 
@@ -115,7 +119,8 @@ ucs_arbiter_cb_result_t uct_usnic_ep_do_pending(ucs_arbiter_t *arbiter,
 
 /* Send one datagram of a message; the caller has entered the iface */
 void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
-                       uint8_t am_id, uint8_t flags, size_t payload_length);
+                       uint8_t type, uint8_t am_id, uint8_t flags,
+                       size_t body_length);
 
 void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
                              const uct_usnic_ack_ext_t *ack,

@@ -94,6 +94,12 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      ucs_offsetof(uct_usnic_iface_config_t, max_bcopy),
      UCS_CONFIG_TYPE_MEMUNITS},
 
+    {"PUT_MAX_BCOPY", "8k",
+     "Largest put_bcopy; larger than a datagram, it is cut into datagrams\n"
+     "that the target applies in order.",
+     ucs_offsetof(uct_usnic_iface_config_t, put_max_bcopy),
+     UCS_CONFIG_TYPE_MEMUNITS},
+
     {"ACK_FREQ", "32",
      "A receiver acknowledges at least every this many datagrams.",
      ucs_offsetof(uct_usnic_iface_config_t, ack_freq), UCS_CONFIG_TYPE_UINT},
@@ -179,6 +185,8 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
          "datagrams in flight per endpoint"},
         {UCT_USNIC_CONFIG_VAR("MAX_BCOPY"), config->max_bcopy, 64,
          1024 * 1024, "bytes of one am_bcopy message"},
+        {UCT_USNIC_CONFIG_VAR("PUT_MAX_BCOPY"), config->put_max_bcopy, 64,
+         1024 * 1024, "bytes of one put_bcopy"},
         {UCT_USNIC_CONFIG_VAR("ACK_FREQ"), config->ack_freq, 1,
          config->window, "at most WINDOW"},
         {UCT_USNIC_CONFIG_VAR("MAX_RESEND"), config->max_resend, 1, 65536,
@@ -224,6 +232,7 @@ static ucs_status_t uct_usnic_iface_query(uct_iface_h tl_iface,
 
     iface_attr->cap.flags          = UCT_IFACE_FLAG_AM_SHORT |
                                      UCT_IFACE_FLAG_AM_BCOPY |
+                                     UCT_IFACE_FLAG_PUT_BCOPY |
                                      UCT_IFACE_FLAG_PENDING |
                                      UCT_IFACE_FLAG_CB_SYNC |
                                      UCT_IFACE_FLAG_CONNECT_TO_IFACE |
@@ -232,6 +241,7 @@ static ucs_status_t uct_usnic_iface_query(uct_iface_h tl_iface,
     iface_attr->cap.am.max_bcopy   = iface->config.max_bcopy;
     iface_attr->cap.am.max_iov     = UCT_USNIC_MAX_IOV;
     iface_attr->cap.am.max_hdr     = 0;
+    iface_attr->cap.put.max_bcopy  = iface->config.put_max_bcopy;
     iface_attr->device_addr_len    = sizeof(uct_usnic_device_addr_t);
     iface_attr->iface_addr_len     = sizeof(uct_usnic_iface_addr_t);
     iface_attr->ep_addr_len        = 0;
@@ -662,7 +672,9 @@ uct_usnic_iface_init_buffers(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
         goto err_tx_mp;
     }
 
-    iface->bcopy_buf = ucs_malloc(iface->config.max_bcopy, "usnic_bcopy_buf");
+    iface->bcopy_buf = ucs_malloc(ucs_max(iface->config.max_bcopy,
+                                          iface->config.put_max_bcopy),
+                                  "usnic_bcopy_buf");
     if (iface->bcopy_buf == NULL) {
         ucs_error("failed to allocate usnic bcopy buffer");
         status = UCS_ERR_NO_MEMORY;
@@ -704,8 +716,14 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
                                       sizeof(uct_usnic_hdr_t) -
                                       sizeof(uct_usnic_open_ext_t);
     iface->config.max_bcopy         = config->max_bcopy;
-    iface->config.max_bcopy_packets = ucs_div_round_up(config->max_bcopy,
-                                                       iface->config.max_payload);
+    iface->config.put_max_payload   = iface->config.max_payload -
+                                      sizeof(uct_usnic_put_ext_t);
+    iface->config.put_max_bcopy     = config->put_max_bcopy;
+    iface->config.max_bcopy_packets =
+            ucs_max(ucs_div_round_up(config->max_bcopy,
+                                     iface->config.max_payload),
+                    ucs_div_round_up(config->put_max_bcopy,
+                                     iface->config.put_max_payload));
     iface->config.tx_hdr_offset     = sizeof(uct_usnic_tx_desc_t) + prefix;
     iface->config.tx_max_bufs       = (config->tx_mpool.max_bufs < 0) ?
                                       UINT_MAX : config->tx_mpool.max_bufs;
@@ -819,6 +837,7 @@ static uct_iface_ops_t uct_usnic_iface_ops = {
     .ep_am_short              = uct_usnic_ep_am_short,
     .ep_am_short_iov          = uct_usnic_ep_am_short_iov,
     .ep_am_bcopy              = uct_usnic_ep_am_bcopy,
+    .ep_put_bcopy             = uct_usnic_ep_put_bcopy,
     .ep_pending_add           = uct_usnic_ep_pending_add,
     .ep_pending_purge         = uct_usnic_ep_pending_purge,
     .ep_flush                 = uct_usnic_ep_flush,
@@ -893,7 +912,18 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
         return UCS_ERR_UNSUPPORTED;
     }
 
+    if (self->config.max_bcopy_packets > self->config.window) {
+        ucs_error("%s=%zu and %s=%zu need %u datagrams, more than %s=%u",
+                  UCT_USNIC_CONFIG_VAR("MAX_BCOPY"), config->max_bcopy,
+                  UCT_USNIC_CONFIG_VAR("PUT_MAX_BCOPY"), config->put_max_bcopy,
+                  self->config.max_bcopy_packets,
+                  UCT_USNIC_CONFIG_VAR("WINDOW"), self->config.window);
+        return UCS_ERR_INVALID_PARAM;
+    }
+
     memset(&self->stats, 0, sizeof(self->stats));
+    self->put_refused_logged   = 0;
+    self->put_refused_unlogged = 0;
     self->tx_outstanding   = 0;
     self->in_pending       = 0;
     self->sent_since_progress = 0;
@@ -952,10 +982,33 @@ err_cleanup_tables:
     return status;
 }
 
+/* What an iface did in its life, for whoever debugs a run */
+static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
+{
+    const uint64_t *drop = iface->stats.rx_drop;
+
+    ucs_debug("usnic iface %p: tx %lu datagrams, %lu resent, %lu standalone "
+              "and %lu piggy-backed ACKs; rx %lu datagrams, %lu ACKs; "
+              "dropped: %lu invalid, %lu stale, %lu no stream, %lu duplicate, "
+              "%lu out of window, %lu no resource, %lu PUT key, %lu PUT range",
+              iface, iface->stats.tx_packets, iface->stats.tx_resends,
+              iface->stats.tx_acks, iface->stats.tx_piggy_acks,
+              iface->stats.rx_packets, iface->stats.rx_acks,
+              drop[UCT_USNIC_RX_DROP_INVALID], drop[UCT_USNIC_RX_DROP_STALE],
+              drop[UCT_USNIC_RX_DROP_NO_STREAM],
+              drop[UCT_USNIC_RX_DROP_DUPLICATE],
+              drop[UCT_USNIC_RX_DROP_OUT_OF_WINDOW],
+              drop[UCT_USNIC_RX_DROP_NO_RESOURCE],
+              drop[UCT_USNIC_RX_DROP_PUT_KEY],
+              drop[UCT_USNIC_RX_DROP_PUT_RANGE]);
+}
+
 static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t)
 {
     uct_usnic_rx_stream_t *stream;
     unsigned index;
+
+    uct_usnic_iface_log_stats(self);
 
     uct_base_iface_progress_disable(&self->super.super,
                                     UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);

@@ -46,6 +46,9 @@ typedef enum {
     UCT_USNIC_RX_DROP_DUPLICATE,   /* Already delivered */
     UCT_USNIC_RX_DROP_OUT_OF_WINDOW, /* Too far ahead to keep */
     UCT_USNIC_RX_DROP_NO_RESOURCE, /* No memory for a new stream */
+    UCT_USNIC_RX_DROP_PUT_KEY,     /* Write refused: unknown, revoked or
+                                      wrong key, or no remote write access */
+    UCT_USNIC_RX_DROP_PUT_RANGE,   /* Write refused: outside its region */
     UCT_USNIC_RX_DROP_LAST
 } uct_usnic_rx_drop_t;
 
@@ -98,6 +101,7 @@ typedef struct uct_usnic_iface_config {
     unsigned                 max_poll;
     unsigned                 window;
     size_t                   max_bcopy;
+    size_t                   put_max_bcopy;
     unsigned                 ack_freq;
     double                   ack_delay;
     double                   rto_min;
@@ -134,12 +138,18 @@ typedef struct uct_usnic_iface {
     int                     async_timer_id; /* Sends due ACKs when idle */
     ucs_mpool_t             tx_mp;         /* uct_usnic_tx_desc_t */
     ucs_mpool_t             am_buf_mp;     /* uct_usnic_am_buf_t */
-    void                    *bcopy_buf;    /* Packs a multi-datagram AM */
+    void                    *bcopy_buf;    /* Packs a multi-datagram AM/PUT */
+    ucs_time_t              put_refused_logged; /* Last log of a refused
+                                                   remote write */
+    unsigned long           put_refused_unlogged;
     struct {
         size_t              mtu;           /* Datagram size */
         size_t              max_payload;   /* Payload of one datagram */
         size_t              max_bcopy;
-        unsigned            max_bcopy_packets; /* Datagrams of max_bcopy */
+        size_t              put_max_payload; /* PUT data of one datagram */
+        size_t              put_max_bcopy;
+        unsigned            max_bcopy_packets; /* Datagrams of the largest
+                                                  am_bcopy or put_bcopy */
         size_t              tx_hdr_offset; /* Header offset in a tx desc */
         unsigned            tx_max_bufs;
         size_t              rx_headroom;

@@ -17,6 +17,7 @@
 
 #include <rdma/fi_errno.h>
 #include <netinet/in.h>
+#include <sys/random.h>
 
 
 static ucs_config_field_t uct_usnic_md_config_table[] = {
@@ -259,21 +260,52 @@ static ucs_status_t uct_usnic_md_query(uct_md_h uct_md,
                                        uct_md_attr_v2_t *md_attr)
 {
     uct_md_base_md_query(md_attr);
-    md_attr->flags            = UCT_MD_FLAG_REG;
+    md_attr->flags            = UCT_MD_FLAG_REG | UCT_MD_FLAG_NEED_RKEY;
+    /* The MD allocates nothing itself, but sets no limit on what
+     * uct_iface_mem_alloc() allocates elsewhere and registers here */
+    md_attr->max_alloc        = SIZE_MAX;
     md_attr->reg_mem_types    = UCS_BIT(UCS_MEMORY_TYPE_HOST);
     md_attr->access_mem_types = UCS_BIT(UCS_MEMORY_TYPE_HOST);
     md_attr->reg_cost         = ucs_linear_func_make(1e-7, 0);
+    md_attr->rkey_packed_size = sizeof(uct_usnic_rkey_t);
     return UCS_OK;
 }
 UCT_USNIC_MD_QUERY_ADAPTER(uct_usnic_md_query)
+
+/* Draw the secret of a new registration; a peer must not be able to guess
+ * it, so it comes from the kernel's random source */
+static ucs_status_t uct_usnic_md_draw_secret(uint64_t *secret_p)
+{
+    ssize_t ret;
+
+    do {
+        ret = getrandom(secret_p, sizeof(*secret_p), 0);
+    } while ((ret < 0) && (errno == EINTR));
+
+    if (ret != sizeof(*secret_p)) {
+        ucs_error("getrandom() failed to give a registration secret: %m");
+        return UCS_ERR_IO_ERROR;
+    }
+
+    return UCS_OK;
+}
 
 static ucs_status_t
 uct_usnic_mem_reg(uct_md_h uct_md, void *address, size_t length,
                   const uct_md_mem_reg_params_t *params, uct_mem_h *memh_p)
 {
     uct_usnic_md_t *md = ucs_derived_of(uct_md, uct_usnic_md_t);
+    uint64_t flags     = UCT_MD_MEM_REG_FIELD_VALUE(params, flags,
+                                                    FIELD_FLAGS, 0);
     uct_usnic_memh_t *memh;
+    ucs_status_t status;
+    uint64_t secret;
     int ret;
+
+    status = uct_usnic_md_draw_secret(&secret);
+    if (status != UCS_OK) {
+        return status;
+    }
 
     memh = ucs_malloc(sizeof(*memh), "usnic_memh");
     if (memh == NULL) {
@@ -281,9 +313,11 @@ uct_usnic_mem_reg(uct_md_h uct_md, void *address, size_t length,
         return UCS_ERR_NO_MEMORY;
     }
 
-    memh->address = address;
-    memh->length  = length;
-    memh->mr      = NULL;
+    memh->address      = address;
+    memh->length       = length;
+    memh->mr           = NULL;
+    memh->remote_write = !!(flags & UCT_MD_MEM_ACCESS_REMOTE_PUT);
+    memh->rkey.secret  = secret;
 
     if (md->mr_local) {
         ret = fi_mr_reg(md->domain, address, length, FI_SEND | FI_RECV, 0, 0,
@@ -296,6 +330,10 @@ uct_usnic_mem_reg(uct_md_h uct_md, void *address, size_t length,
         }
     }
 
+    ucs_spin_lock(&md->regs_lock);
+    memh->rkey.id = ucs_ptr_array_insert(&md->regs, memh);
+    ucs_spin_unlock(&md->regs_lock);
+
     *memh_p = memh;
     return UCS_OK;
 }
@@ -304,12 +342,26 @@ UCT_USNIC_MEM_REG_ADAPTER(uct_usnic_mem_reg)
 static ucs_status_t
 uct_usnic_mem_dereg(uct_md_h uct_md, const uct_md_mem_dereg_params_t *params)
 {
-    uct_usnic_memh_t *memh;
+    uct_usnic_md_t *md = ucs_derived_of(uct_md, uct_usnic_md_t);
+    uct_usnic_memh_t *memh, *found;
     int ret;
 
     UCT_MD_MEM_DEREG_CHECK_PARAMS(params, 0);
 
     memh = params->memh;
+    ucs_spin_lock(&md->regs_lock);
+    if (!ucs_ptr_array_lookup(&md->regs, memh->rkey.id, found) ||
+        (found != memh)) {
+        ucs_spin_unlock(&md->regs_lock);
+        ucs_error("usnic md %s: %p is not a registration of this MD",
+                  md->info->domain_attr->name, memh);
+        return UCS_ERR_INVALID_PARAM;
+    }
+
+    /* From here on no remote write can reach the region */
+    ucs_ptr_array_remove(&md->regs, memh->rkey.id);
+    ucs_spin_unlock(&md->regs_lock);
+
     if (memh->mr != NULL) {
         ret = fi_close(&memh->mr->fid);
         if (ret != 0) {
@@ -327,7 +379,7 @@ uct_usnic_mkey_pack(uct_md_h uct_md, uct_mem_h memh, void *address,
                     size_t length, const uct_md_mkey_pack_params_t *params,
                     void *buffer)
 {
-    /* Nothing to pack until remote access exists */
+    memcpy(buffer, &((uct_usnic_memh_t*)memh)->rkey, sizeof(uct_usnic_rkey_t));
     return UCS_OK;
 }
 UCT_USNIC_MKEY_PACK_ADAPTER(uct_usnic_mkey_pack)
@@ -337,11 +389,65 @@ uct_usnic_rkey_unpack(uct_component_t *component, const void *buffer,
                       const uct_rkey_unpack_params_t *params,
                       uct_rkey_t *rkey_p, void **handle_p)
 {
-    *rkey_p   = 0;
-    *handle_p = NULL;
+    uct_usnic_rkey_t *rkey;
+
+    rkey = ucs_malloc(sizeof(*rkey), "usnic_rkey");
+    if (rkey == NULL) {
+        ucs_error("failed to allocate usnic remote key");
+        return UCS_ERR_NO_MEMORY;
+    }
+
+    memcpy(rkey, buffer, sizeof(*rkey));
+    *rkey_p   = (uintptr_t)rkey;
+    *handle_p = rkey;
     return UCS_OK;
 }
 UCT_USNIC_RKEY_UNPACK_ADAPTER(uct_usnic_rkey_unpack)
+
+static ucs_status_t uct_usnic_rkey_release(uct_component_t *component,
+                                           uct_rkey_t rkey, void *handle)
+{
+    ucs_free(handle);
+    return UCS_OK;
+}
+
+/*
+ * Apply one datagram of a peer's write of [address, address + length), of
+ * which data is the part at offset. The whole range is checked, so that a
+ * write that is refused is refused for every one of its datagrams. The lock
+ * makes mem_dereg wait for a write in progress.
+ */
+uct_usnic_md_put_result_t
+uct_usnic_md_put(uct_usnic_md_t *md, const uct_usnic_rkey_t *rkey,
+                 uint64_t address, size_t length, size_t offset,
+                 const void *data, size_t data_length)
+{
+    uct_usnic_md_put_result_t result = UCT_USNIC_MD_PUT_OK;
+    uct_usnic_memh_t *memh;
+    uint64_t start;
+
+    ucs_assert((offset <= length) && (data_length <= (length - offset)));
+
+    ucs_spin_lock(&md->regs_lock);
+    if (!ucs_ptr_array_lookup(&md->regs, rkey->id, memh) ||
+        (memh->rkey.secret != rkey->secret) || !memh->remote_write) {
+        result = UCT_USNIC_MD_PUT_BAD_KEY;
+        goto out;
+    }
+
+    start = (uintptr_t)memh->address;
+    if ((address < start) || (length > memh->length) ||
+        ((address - start) > (memh->length - length))) {
+        result = UCT_USNIC_MD_PUT_BAD_RANGE;
+        goto out;
+    }
+
+    memcpy((void*)(uintptr_t)(address + offset), data, data_length);
+
+out:
+    ucs_spin_unlock(&md->regs_lock);
+    return result;
+}
 
 static void uct_usnic_md_close(uct_md_h uct_md)
 {
@@ -360,6 +466,8 @@ static void uct_usnic_md_close(uct_md_h uct_md)
                  fi_strerror(-ret));
     }
 
+    ucs_ptr_array_cleanup(&md->regs, 1);
+    ucs_spinlock_destroy(&md->regs_lock);
     fi_freeinfo(md->info);
     ucs_free(md);
 }
@@ -423,6 +531,12 @@ uct_usnic_md_open(uct_component_t *component, const char *md_name,
         goto err_close_fabric;
     }
 
+    status = ucs_spinlock_init(&md->regs_lock, 0);
+    if (status != UCS_OK) {
+        goto err_close_domain;
+    }
+
+    ucs_ptr_array_init(&md->regs, "usnic_regs");
     md->mr_local         = !!(md->info->domain_attr->mr_mode & FI_MR_LOCAL);
     md->super.ops        = &uct_usnic_md_ops;
     md->super.component  = &uct_usnic_component;
@@ -432,6 +546,8 @@ uct_usnic_md_open(uct_component_t *component, const char *md_name,
               md->info->fabric_attr->prov_name, md->info->fabric_attr->name);
     return UCS_OK;
 
+err_close_domain:
+    fi_close(&md->domain->fid);
 err_close_fabric:
     fi_close(&md->fabric->fid);
 err_free_info:
@@ -560,8 +676,7 @@ uct_component_t uct_usnic_component = {
     .rkey_unpack        = UCT_USNIC_RKEY_UNPACK(uct_usnic_rkey_unpack),
     .rkey_ptr           = UCT_USNIC_STUB(uct_component_rkey_ptr_func_t,
                                          ucs_empty_function_return_unsupported),
-    .rkey_release       = UCT_USNIC_STUB(uct_component_rkey_release_func_t,
-                                         ucs_empty_function_return_success),
+    .rkey_release       = uct_usnic_rkey_release,
     UCT_USNIC_COMPONENT_RKEY_COMPARE
     .name               = "usnic",
     .md_config          = {

@@ -10,6 +10,8 @@
 #include "usnic_compat.h"
 
 #include <ucs/datastruct/mpool.h>
+#include <ucs/datastruct/ptr_array.h>
+#include <ucs/type/spinlock.h>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
@@ -40,20 +42,49 @@ typedef struct uct_usnic_md {
     struct fid_fabric  *fabric;
     struct fid_domain  *domain;
     int                mr_local; /* Provider needs local registration */
+    ucs_ptr_array_t    regs;     /* Registration id -> uct_usnic_memh_t */
+    ucs_spinlock_t     regs_lock; /* Registrations vs. remote writes */
 } uct_usnic_md_t;
+
+
+/**
+ * Remote key: names a registration and proves the right to write to it. It
+ * is also the packed form.
+ */
+typedef struct uct_usnic_rkey {
+    uint64_t secret; /* Random, drawn for each registration */
+    uint32_t id;     /* Index in the target MD's registrations */
+} UCS_S_PACKED uct_usnic_rkey_t;
 
 
 /**
  * Registered memory region.
  */
 typedef struct uct_usnic_memh {
-    void          *address;
-    size_t        length;
-    struct fid_mr *mr;   /* libfabric registration, with FI_MR_LOCAL only */
+    void             *address;
+    size_t           length;
+    struct fid_mr    *mr;           /* libfabric registration, FI_MR_LOCAL */
+    uct_usnic_rkey_t rkey;
+    int              remote_write; /* UCT_MD_MEM_ACCESS_REMOTE_PUT given */
 } uct_usnic_memh_t;
 
 
+/* Whether a remote write was applied, or why not */
+typedef enum {
+    UCT_USNIC_MD_PUT_OK,
+    UCT_USNIC_MD_PUT_BAD_KEY,   /* No such live registration, wrong secret,
+                                   or no remote write access */
+    UCT_USNIC_MD_PUT_BAD_RANGE  /* Not entirely inside the registration */
+} uct_usnic_md_put_result_t;
+
+
 extern uct_component_t uct_usnic_component;
+
+
+uct_usnic_md_put_result_t
+uct_usnic_md_put(uct_usnic_md_t *md, const uct_usnic_rkey_t *rkey,
+                 uint64_t address, size_t length, size_t offset,
+                 const void *data, size_t data_length);
 
 
 ucs_status_t uct_usnic_md_query_devices(uct_md_h md,

@@ -38,6 +38,7 @@ typedef uint32_t uct_usnic_psn_t;
 typedef enum {
     UCT_USNIC_PKT_AM    = 1, /* Active message (fragment), data channel */
     UCT_USNIC_PKT_ACK   = 2, /* Acknowledgement, priority channel */
+    UCT_USNIC_PKT_PUT   = 3, /* Remote write (fragment), data channel */
     UCT_USNIC_PKT_LAST
 } uct_usnic_pkt_type_t;
 
@@ -57,16 +58,16 @@ typedef struct uct_usnic_hdr {
     uint8_t  version;     /* UCT_USNIC_PROTO_VERSION */
     uint8_t  type;        /* uct_usnic_pkt_type_t */
     uint8_t  flags;       /* UCT_USNIC_PKT_FLAG_xx */
-    uint8_t  am_id;       /* AM id of an AM packet */
+    uint8_t  am_id;       /* AM id of an AM packet, else 0 */
     uint32_t incarnation; /* Receiving iface's incarnation */
-    uint32_t stream_id;   /* AM: receiver's stream; ACK: 0 */
-    uint32_t psn;         /* AM: sequence number; ACK: 0 */
+    uint32_t stream_id;   /* AM, PUT: receiver's stream; ACK: 0 */
+    uint32_t psn;         /* AM, PUT: sequence number; ACK: 0 */
 } UCS_S_PACKED uct_usnic_hdr_t;
 
 
 /**
  * Open trailer: who sends, so the receiver can create its stream and send
- * ACKs back. Carried at the end of AM packets (so the payload offset stays
+ * ACKs back. Carried at the end of data packets (so the payload offset stays
  * fixed) until the first ACK tells the sender the receiver's stream id.
  */
 typedef struct uct_usnic_open_ext {
@@ -77,6 +78,20 @@ typedef struct uct_usnic_open_ext {
     uint16_t src_prio_port;   /* Where ACKs go */
     uint16_t src_data_port;
 } UCS_S_PACKED uct_usnic_open_ext_t;
+
+
+/**
+ * Start of the body of every PUT packet: where the whole remote write goes
+ * and the key that grants it, so that each datagram is checked on its own
+ * against the complete range before any byte of the write is applied.
+ */
+typedef struct uct_usnic_put_ext {
+    uint64_t secret;  /* Of the target's registration */
+    uint64_t address; /* Target address of the whole write */
+    uint32_t rkey_id; /* Target's registration */
+    uint32_t length;  /* Of the whole write */
+    uint32_t offset;  /* Of this datagram's data within the write */
+} UCS_S_PACKED uct_usnic_put_ext_t;
 
 
 /**

@@ -13,6 +13,8 @@
 
 #include <ucs/debug/log.h>
 
+#include <arpa/inet.h>
+
 
 static UCS_F_ALWAYS_INLINE uint64_t uct_usnic_rx_stream_key(uint32_t incarnation,
                                                             uint32_t ep_serial)
@@ -67,6 +69,8 @@ uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
     stream->id           = ucs_ptr_array_insert(&iface->streams, stream);
     stream->key          = key;
     stream->src_ep_id    = open->src_ep_id;
+    stream->src_in_addr  = open->src_in_addr;
+    stream->src_port     = open->src_data_port;
     stream->expected_psn = first_psn;
     ucs_list_head_init(&stream->ack_list);
     kh_value(&iface->stream_hash, iter) = stream->id;
@@ -262,14 +266,18 @@ static int uct_usnic_rx_hdr_check(uct_usnic_iface_t *iface,
     return 1;
 }
 
-/* Parse and check a datagram of the data channel */
+/*
+ * Parse and check a datagram of the data channel: AM or PUT. The body is
+ * what lies between the header and the trailers.
+ */
 static const uct_usnic_hdr_t *
 uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
                    const uct_usnic_open_ext_t **open_p,
-                   const uct_usnic_ack_ext_t **ack_p, size_t *payload_len_p)
+                   const uct_usnic_ack_ext_t **ack_p, size_t *body_len_p)
 {
     const uct_usnic_hdr_t *hdr = data;
-    size_t open_len = 0, ack_len = 0;
+    uint8_t type               = UCT_USNIC_PKT_AM;
+    size_t open_len = 0, ack_len = 0, min_body = 0;
 
     if (ucs_likely(length >= sizeof(*hdr))) {
         if (hdr->flags & UCT_USNIC_PKT_FLAG_OPEN) {
@@ -278,10 +286,14 @@ uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
         if (hdr->flags & UCT_USNIC_PKT_FLAG_ACK) {
             ack_len = sizeof(uct_usnic_ack_ext_t);
         }
+        if (hdr->type == UCT_USNIC_PKT_PUT) {
+            type     = UCT_USNIC_PKT_PUT;
+            min_body = sizeof(uct_usnic_put_ext_t);
+        }
     }
 
-    if (!uct_usnic_rx_hdr_check(iface, hdr, length, UCT_USNIC_PKT_AM,
-                                open_len + ack_len)) {
+    if (!uct_usnic_rx_hdr_check(iface, hdr, length, type,
+                                min_body + open_len + ack_len)) {
         return NULL;
     }
 
@@ -294,8 +306,97 @@ uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
                      UCS_PTR_BYTE_OFFSET(data, length - open_len);
     *ack_p         = (ack_len == 0) ? NULL :
                      UCS_PTR_BYTE_OFFSET(data, length - open_len - ack_len);
-    *payload_len_p = length - sizeof(*hdr) - open_len - ack_len;
+    *body_len_p    = length - sizeof(*hdr) - open_len - ack_len;
     return hdr;
+}
+
+/*
+ * A remote write was refused: count it and tell the user, at most once a
+ * second (a hostile or broken peer could send many), naming the peer.
+ */
+static void uct_usnic_rx_put_refused(uct_usnic_iface_t *iface,
+                                     const uct_usnic_rx_stream_t *stream,
+                                     const uct_usnic_put_ext_t *put,
+                                     uct_usnic_rx_drop_t reason)
+{
+    ucs_time_t now = ucs_get_time();
+    char addr_str[INET_ADDRSTRLEN];
+
+    uct_usnic_iface_drop(iface, reason);
+    if ((iface->put_refused_logged != 0) &&
+        ((now - iface->put_refused_logged) < ucs_time_from_sec(1.0))) {
+        ++iface->put_refused_unlogged;
+        return;
+    }
+
+    ucs_warn("usnic iface %p: refused a remote write from %s:%u: %s "
+             "(key %u, address 0x%" PRIx64 ", %u bytes); %lu more refused "
+             "since the previous report", iface,
+             inet_ntop(AF_INET, &stream->src_in_addr, addr_str,
+                       sizeof(addr_str)),
+             ntohs(stream->src_port),
+             (reason == UCT_USNIC_RX_DROP_PUT_RANGE) ?
+             "range outside the registered region" :
+             "no live registration with that key",
+             put->rkey_id, put->address, put->length,
+             iface->put_refused_unlogged);
+    iface->put_refused_logged   = now;
+    iface->put_refused_unlogged = 0;
+}
+
+/* Apply the next in-order datagram of a remote write, if its key allows */
+static void uct_usnic_rx_put(uct_usnic_iface_t *iface,
+                             const uct_usnic_rx_stream_t *stream,
+                             const void *body, size_t body_len)
+{
+    uct_usnic_md_t *md = ucs_derived_of(iface->super.md, uct_usnic_md_t);
+    const uct_usnic_put_ext_t *put = body;
+    size_t data_len                = body_len - sizeof(*put);
+    uct_usnic_rkey_t rkey;
+
+    if (ucs_unlikely((put->offset > put->length) ||
+                     (data_len > (put->length - put->offset)))) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+        return;
+    }
+
+    if (put->length == 0) {
+        return; /* Writes nothing, whatever its key */
+    }
+
+    rkey.id     = put->rkey_id;
+    rkey.secret = put->secret;
+    switch (uct_usnic_md_put(md, &rkey, put->address, put->length,
+                             put->offset, put + 1, data_len)) {
+    case UCT_USNIC_MD_PUT_OK:
+        break;
+    case UCT_USNIC_MD_PUT_BAD_KEY:
+        uct_usnic_rx_put_refused(iface, stream, put,
+                                 UCT_USNIC_RX_DROP_PUT_KEY);
+        break;
+    case UCT_USNIC_MD_PUT_BAD_RANGE:
+        uct_usnic_rx_put_refused(iface, stream, put,
+                                 UCT_USNIC_RX_DROP_PUT_RANGE);
+        break;
+    }
+}
+
+/*
+ * Act on the next in-order datagram of a stream. Returns UCS_INPROGRESS
+ * when the user kept the receive descriptor.
+ */
+static ucs_status_t
+uct_usnic_rx_in_order(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
+                      uct_usnic_rx_desc_t *desc, const uct_usnic_hdr_t *hdr,
+                      size_t body_len)
+{
+    if (hdr->type == UCT_USNIC_PKT_PUT) {
+        uct_usnic_rx_put(iface, stream, hdr + 1, body_len);
+        return UCS_OK;
+    }
+
+    return uct_usnic_rx_deliver(iface, stream, desc, hdr, (void*)(hdr + 1),
+                                body_len);
 }
 
 /* Deliver the packets kept in the reorder ring that are now in order */
@@ -321,8 +422,8 @@ static void uct_usnic_rx_drain_ooo(uct_usnic_iface_t *iface,
         ++stream->unacked;
 
         hdr = uct_usnic_rx_desc_data(channel, desc);
-        if (uct_usnic_rx_deliver(iface, stream, desc, hdr, (void*)(hdr + 1),
-                                 desc->length) != UCS_INPROGRESS) {
+        if (uct_usnic_rx_in_order(iface, stream, desc, hdr, desc->length) !=
+            UCS_INPROGRESS) {
             uct_usnic_channel_rx_desc_put(desc);
         }
     }
@@ -372,10 +473,10 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
     const uct_usnic_hdr_t *hdr;
     uct_usnic_rx_stream_t *stream;
     ucs_status_t status;
-    size_t payload_len;
+    size_t body_len;
     uct_usnic_psn_t psn;
 
-    hdr = uct_usnic_rx_parse(iface, data, length, &open, &ack, &payload_len);
+    hdr = uct_usnic_rx_parse(iface, data, length, &open, &ack, &body_len);
     if (ucs_unlikely(hdr == NULL)) {
         return UCS_OK;
     }
@@ -394,15 +495,14 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
     ++iface->stats.rx_packets;
     psn = hdr->psn;
     ucs_trace_data("stream %u: rx psn %u (expected %u) length %zu flags 0x%x",
-                   stream->id, psn, stream->expected_psn, payload_len,
+                   stream->id, psn, stream->expected_psn, body_len,
                    hdr->flags);
 
     uct_usnic_rx_schedule_ack(iface, stream);
     if (ucs_likely(psn == stream->expected_psn)) {
         ++stream->expected_psn;
         ++stream->unacked;
-        status = uct_usnic_rx_deliver(iface, stream, desc, hdr,
-                                      (void*)(hdr + 1), payload_len);
+        status = uct_usnic_rx_in_order(iface, stream, desc, hdr, body_len);
         if (ucs_unlikely(stream->ooo_count > 0)) {
             uct_usnic_rx_drain_ooo(iface, channel, stream);
         }
@@ -416,7 +516,7 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
         return UCS_OK;
     }
 
-    desc->length = payload_len;
+    desc->length = body_len;
     return uct_usnic_rx_keep_ooo(iface, stream, desc, psn);
 }
 

@@ -31,6 +31,8 @@ typedef struct uct_usnic_rx_stream {
     uint64_t             key;             /* Sender incarnation and ep */
     uint32_t             src_ep_id;       /* Addressee of our ACKs */
     fi_addr_t            ack_fi_addr;     /* Sender's priority channel */
+    uint32_t             src_in_addr;     /* Sender's address and data */
+    uint16_t             src_port;        /* port, network order, for logs */
     uct_usnic_psn_t      expected_psn;    /* Next PSN to deliver */
     unsigned             unacked;         /* Delivered since the last ACK */
     ucs_time_t           unacked_since;

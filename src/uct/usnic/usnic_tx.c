@@ -76,19 +76,20 @@ static int uct_usnic_tx_add_ack(uct_usnic_iface_t *iface,
 }
 
 void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
-                       uint8_t am_id, uint8_t flags, size_t payload_length)
+                       uint8_t type, uint8_t am_id, uint8_t flags,
+                       size_t body_length)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_hdr_t *hdr     = uct_usnic_tx_desc_hdr(iface, desc);
     uct_usnic_open_ext_t *open;
 
     hdr->version     = UCT_USNIC_PROTO_VERSION;
-    hdr->type        = UCT_USNIC_PKT_AM;
+    hdr->type        = type;
     hdr->am_id       = am_id;
     hdr->incarnation = ep->peer_incarnation;
     hdr->stream_id   = ep->peer_stream_id;
     hdr->psn         = ep->next_psn++;
-    desc->length     = sizeof(*hdr) + payload_length;
+    desc->length     = sizeof(*hdr) + body_length;
 
     if ((ep->ack_stream != NULL) &&
         uct_usnic_tx_add_ack(iface, ep->ack_stream, hdr, desc)) {

@@ -1,0 +1,422 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#include <common/test.h>
+#include <uct/uct_test.h>
+
+extern "C" {
+#include <uct/usnic/usnic_ep.h>
+}
+
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+
+/*
+ * Remote writes: what the key grants arrives intact and in order; anything
+ * else writes no byte, is counted and reported, and leaves the sender fine.
+ */
+class test_usnic_put : public uct_test {
+protected:
+    static const size_t  GUARD_SIZE = 4096;
+    static const size_t  REGION_SIZE = 64 * 1024;
+    static const uint8_t GUARD_BYTE  = 0xa5;
+
+    struct put_args {
+        const uint8_t *data;
+        size_t        length;
+    };
+
+    void init()
+    {
+        uct_test::init();
+        m_receiver = create_entity(0);
+        m_entities.push_back(m_receiver);
+        m_sender = create_entity(0);
+        m_entities.push_back(m_sender);
+        m_sender->connect(0, *m_receiver, 0);
+
+        /* The registered region sits between two guards */
+        m_arena.assign(GUARD_SIZE + REGION_SIZE + GUARD_SIZE, GUARD_BYTE);
+        m_expected = m_arena;
+        m_memh     = register_region(UCT_MD_MEM_ACCESS_ALL, &m_rkey);
+    }
+
+    void cleanup()
+    {
+        if (m_memh != NULL) {
+            release_region(m_memh, &m_rkey);
+        }
+        uct_test::cleanup();
+    }
+
+    uint8_t *region()
+    {
+        return &m_arena[GUARD_SIZE];
+    }
+
+    uint64_t region_addr(size_t offset = 0)
+    {
+        return (uintptr_t)(region() + offset);
+    }
+
+    uct_mem_h register_region(unsigned flags, uct_rkey_bundle_t *rkey)
+    {
+        uct_md_attr_t md_attr;
+        uct_mem_h memh;
+
+        EXPECT_UCS_OK(uct_md_query(m_receiver->md(), &md_attr));
+        EXPECT_EQ(sizeof(uct_usnic_rkey_t), md_attr.rkey_packed_size);
+        std::vector<uint8_t> packed(md_attr.rkey_packed_size);
+
+        EXPECT_UCS_OK(uct_md_mem_reg(m_receiver->md(), region(), REGION_SIZE,
+                                     flags, &memh));
+        EXPECT_UCS_OK(uct_md_mkey_pack(m_receiver->md(), memh, &packed[0]));
+        EXPECT_UCS_OK(uct_rkey_unpack(GetParam()->component, &packed[0],
+                                      rkey));
+        return memh;
+    }
+
+    void release_region(uct_mem_h memh, uct_rkey_bundle_t *rkey)
+    {
+        EXPECT_UCS_OK(uct_rkey_release(GetParam()->component, rkey));
+        EXPECT_UCS_OK(uct_md_mem_dereg(m_receiver->md(), memh));
+    }
+
+    uct_usnic_iface_t *receiver_iface()
+    {
+        return ucs_derived_of(m_receiver->iface(), uct_usnic_iface_t);
+    }
+
+    uint64_t drops(uct_usnic_rx_drop_t reason)
+    {
+        return receiver_iface()->stats.rx_drop[reason];
+    }
+
+    size_t put_max_bcopy() const
+    {
+        return m_sender->iface_attr().cap.put.max_bcopy;
+    }
+
+    static size_t pack(void *dest, void *arg)
+    {
+        const put_args *args = (const put_args*)arg;
+
+        memcpy(dest, args->data, args->length);
+        return args->length;
+    }
+
+    void put(uint64_t address, uct_rkey_t rkey, const uint8_t *data,
+             size_t length)
+    {
+        ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(60);
+        put_args args       = {data, length};
+        ssize_t packed;
+
+        do {
+            packed = uct_ep_put_bcopy(m_sender->ep(0), pack, &args, address,
+                                      rkey);
+            if (packed == UCS_ERR_NO_RESOURCE) {
+                progress();
+            }
+        } while ((packed == UCS_ERR_NO_RESOURCE) &&
+                 (ucs_get_time() < deadline));
+
+        ASSERT_EQ((ssize_t)length, packed);
+    }
+
+    /* A write the target must apply: the expected image follows it */
+    void put_ok(size_t offset, const uint8_t *data, size_t length)
+    {
+        put(region_addr(offset), m_rkey.rkey, data, length);
+        memcpy(&m_expected[GUARD_SIZE + offset], data, length);
+    }
+
+    /* Completion of the flush means the writes are in place */
+    void flush_sender()
+    {
+        ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(60);
+        ucs_status_t status;
+
+        do {
+            progress();
+            status = uct_ep_flush(m_sender->ep(0), 0, NULL);
+        } while ((status == UCS_ERR_NO_RESOURCE || status == UCS_INPROGRESS) &&
+                 (ucs_get_time() < deadline));
+        ASSERT_UCS_OK(status);
+    }
+
+    void check_arena()
+    {
+        for (size_t i = 0; i < m_arena.size(); ++i) {
+            if (m_arena[i] != m_expected[i]) {
+                ADD_FAILURE() << "byte " << (ssize_t)(i - GUARD_SIZE)
+                              << " of the region is 0x" << std::hex
+                              << (int)m_arena[i] << ", expected 0x"
+                              << (int)m_expected[i];
+                return;
+            }
+        }
+    }
+
+    static std::vector<uint8_t> pattern(size_t length, unsigned seed)
+    {
+        std::vector<uint8_t> data(length);
+
+        for (size_t i = 0; i < length; ++i) {
+            data[i] = (uint8_t)(seed * 31 + i * 7 + (i >> 8));
+        }
+        return data;
+    }
+
+    /*
+     * A write that must be refused: nothing lands, the reason is counted,
+     * one warning names the peer, and the sender goes on as before.
+     */
+    void check_refused(uint64_t address, uct_rkey_t rkey, size_t length,
+                       uct_usnic_rx_drop_t reason)
+    {
+        std::vector<uint8_t> data = pattern(length, 99);
+        uint64_t before           = drops(reason);
+        size_t datagrams          = ucs_div_round_up(
+                length, receiver_iface()->config.put_max_payload);
+
+        m_warnings.clear();
+        {
+            scoped_log_handler slh(wrap_warns_logger);
+            put(address, rkey, &data[0], length);
+            flush_sender();
+        }
+
+        EXPECT_EQ(before + datagrams, drops(reason));
+        ASSERT_EQ(1u, m_warnings.size());
+        EXPECT_NE(std::string::npos,
+                  m_warnings[0].find("refused a remote write from 127.0.0.1"))
+                << m_warnings[0];
+        check_arena();
+
+        /* The ep still works */
+        if (m_memh != NULL) {
+            std::vector<uint8_t> good = pattern(100, reason);
+            put_ok(0, &good[0], good.size());
+            flush_sender();
+            check_arena();
+        }
+
+        /* A refused write is reported at most once a second */
+        receiver_iface()->put_refused_logged = 0;
+    }
+
+    entity               *m_receiver;
+    entity               *m_sender;
+    std::vector<uint8_t> m_arena;
+    std::vector<uint8_t> m_expected;
+    uct_mem_h            m_memh = NULL;
+    uct_rkey_bundle_t    m_rkey;
+};
+
+UCS_TEST_P(test_usnic_put, caps) {
+    const uct_iface_attr_t &attr = m_sender->iface_attr();
+    uct_md_attr_t md_attr;
+
+    ASSERT_UCS_OK(uct_md_query(m_receiver->md(), &md_attr));
+    EXPECT_TRUE(md_attr.cap.flags & UCT_MD_FLAG_REG);
+    EXPECT_TRUE(md_attr.cap.flags & UCT_MD_FLAG_NEED_RKEY);
+    EXPECT_TRUE(attr.cap.flags & UCT_IFACE_FLAG_PUT_BCOPY);
+    EXPECT_FALSE(attr.cap.flags & (UCT_IFACE_FLAG_PUT_SHORT |
+                                   UCT_IFACE_FLAG_PUT_ZCOPY));
+    EXPECT_GE(attr.cap.put.max_bcopy, 8192u);
+}
+
+UCS_TEST_P(test_usnic_put, random_puts) {
+    size_t count   = 100000 / ucs::test_time_multiplier();
+    size_t max_len = ucs_min(put_max_bcopy(), REGION_SIZE);
+
+    for (size_t i = 0; i < count; ++i) {
+        /* Mostly small writes, some up to the largest; overlapping ones
+         * show whether they are applied in order */
+        size_t length = ucs::rand() % (ucs_min(max_len, 1ul << (i % 15)) + 1);
+        size_t offset = ucs::rand() % (REGION_SIZE - length + 1);
+        std::vector<uint8_t> data = pattern(length, i);
+
+        put_ok(offset, &data[0], length);
+        if ((i % 1000) == 999) {
+            flush_sender();
+            check_arena();
+        }
+    }
+
+    flush_sender();
+    check_arena();
+    for (int reason = UCT_USNIC_RX_DROP_PUT_KEY;
+         reason <= UCT_USNIC_RX_DROP_PUT_RANGE; ++reason) {
+        EXPECT_EQ(0u, drops((uct_usnic_rx_drop_t)reason));
+    }
+}
+
+UCS_TEST_P(test_usnic_put, whole_region) {
+    std::vector<uint8_t> data = pattern(put_max_bcopy(), 1);
+
+    put_ok(0, &data[0], data.size());
+    put_ok(REGION_SIZE - data.size(), &data[0], data.size());
+    flush_sender();
+    check_arena();
+}
+
+UCS_TEST_P(test_usnic_put, unregistered_memory) {
+    /* A valid key, but the guard in front of the region */
+    check_refused((uintptr_t)&m_arena[0], m_rkey.rkey, 64,
+                  UCT_USNIC_RX_DROP_PUT_RANGE);
+    /* Behind the region, several datagrams */
+    check_refused(region_addr(REGION_SIZE), m_rkey.rkey, put_max_bcopy(),
+                  UCT_USNIC_RX_DROP_PUT_RANGE);
+}
+
+UCS_TEST_P(test_usnic_put, crossing_region_end) {
+    /* The first datagrams fall inside the region, the last one does not:
+     * none of them may be applied */
+    size_t length = put_max_bcopy();
+
+    check_refused(region_addr(REGION_SIZE - length + 1), m_rkey.rkey, length,
+                  UCT_USNIC_RX_DROP_PUT_RANGE);
+    check_refused(region_addr() - 1, m_rkey.rkey, 16,
+                  UCT_USNIC_RX_DROP_PUT_RANGE);
+}
+
+UCS_TEST_P(test_usnic_put, wrong_secret) {
+    uct_usnic_rkey_t forged = *(uct_usnic_rkey_t*)m_rkey.rkey;
+
+    forged.secret ^= 1;
+    check_refused(region_addr(), (uintptr_t)&forged, 3000,
+                  UCT_USNIC_RX_DROP_PUT_KEY);
+    forged.secret ^= 1;
+    forged.id     += 1;
+    check_refused(region_addr(), (uintptr_t)&forged, 10,
+                  UCT_USNIC_RX_DROP_PUT_KEY);
+}
+
+UCS_TEST_P(test_usnic_put, after_dereg) {
+    uct_usnic_rkey_t stale = *(uct_usnic_rkey_t*)m_rkey.rkey;
+
+    release_region(m_memh, &m_rkey);
+    m_memh = NULL;
+    check_refused(region_addr(), (uintptr_t)&stale, 1000,
+                  UCT_USNIC_RX_DROP_PUT_KEY);
+
+    /* A new registration of the same memory has a key of its own */
+    m_memh = register_region(UCT_MD_MEM_ACCESS_ALL, &m_rkey);
+    check_refused(region_addr(), (uintptr_t)&stale, 1000,
+                  UCT_USNIC_RX_DROP_PUT_KEY);
+}
+
+UCS_TEST_P(test_usnic_put, local_access_only) {
+    uct_rkey_bundle_t rkey;
+    uct_mem_h memh;
+
+    /* The same memory, registered again for local access only */
+    memh = register_region(UCT_MD_MEM_ACCESS_LOCAL_READ |
+                           UCT_MD_MEM_ACCESS_LOCAL_WRITE, &rkey);
+    check_refused(region_addr(), rkey.rkey, 100, UCT_USNIC_RX_DROP_PUT_KEY);
+    release_region(memh, &rkey);
+}
+
+UCS_TEST_P(test_usnic_put, refusals_reported_once) {
+    uct_usnic_rkey_t forged = *(uct_usnic_rkey_t*)m_rkey.rkey;
+    std::vector<uint8_t> data(100, 1);
+
+    forged.secret = ~forged.secret;
+    m_warnings.clear();
+    {
+        scoped_log_handler slh(wrap_warns_logger);
+        for (int i = 0; i < 50; ++i) {
+            put(region_addr(), (uintptr_t)&forged, &data[0], data.size());
+        }
+        flush_sender();
+    }
+
+    EXPECT_EQ(50u, drops(UCT_USNIC_RX_DROP_PUT_KEY));
+    EXPECT_EQ(1u, m_warnings.size());
+    check_arena();
+}
+
+UCS_TEST_P(test_usnic_put, forged_datagram) {
+    const uct_usnic_rkey_t *key = (const uct_usnic_rkey_t*)m_rkey.rkey;
+    uct_usnic_iface_t *iface    = receiver_iface();
+    struct sockaddr_in dest     = iface->channels[UCT_USNIC_CHANNEL_DATA].addr;
+    struct {
+        uct_usnic_hdr_t      hdr;
+        uct_usnic_put_ext_t  put;
+        uint8_t              data[64];
+        uct_usnic_open_ext_t open;
+    } UCS_S_PACKED packet;
+    ucs_time_t deadline;
+    int fd;
+
+    /* Everything right but the secret, as an attacker who saw the traffic
+     * and guessed would send it */
+    memset(&packet, 0, sizeof(packet));
+    packet.hdr.version          = UCT_USNIC_PROTO_VERSION;
+    packet.hdr.type             = UCT_USNIC_PKT_PUT;
+    packet.hdr.flags            = UCT_USNIC_PKT_FLAG_FIRST |
+                                  UCT_USNIC_PKT_FLAG_LAST |
+                                  UCT_USNIC_PKT_FLAG_OPEN;
+    packet.hdr.incarnation      = iface->incarnation;
+    packet.hdr.stream_id        = UCT_USNIC_STREAM_ID_NONE;
+    packet.hdr.psn              = 1;
+    packet.put.secret           = key->secret + 1;
+    packet.put.address          = region_addr();
+    packet.put.rkey_id          = key->id;
+    packet.put.length           = sizeof(packet.data);
+    packet.put.offset           = 0;
+    memset(packet.data, 0x66, sizeof(packet.data));
+    packet.open.src_incarnation = 0x5eed;
+    packet.open.src_ep_serial   = 1;
+    packet.open.src_in_addr     = htonl(INADDR_LOOPBACK);
+    packet.open.src_prio_port   = htons(9);
+    packet.open.src_data_port   = htons(9);
+
+    fd = socket(AF_INET, SOCK_DGRAM, 0);
+    ASSERT_GE(fd, 0);
+    m_warnings.clear();
+    {
+        scoped_log_handler slh(wrap_warns_logger);
+        EXPECT_EQ((ssize_t)sizeof(packet),
+                  sendto(fd, &packet, sizeof(packet), 0,
+                         (struct sockaddr*)&dest, sizeof(dest)));
+
+        /* Too short to hold the put extension */
+        EXPECT_EQ((ssize_t)(sizeof(packet.hdr) + 8),
+                  sendto(fd, &packet, sizeof(packet.hdr) + 8, 0,
+                         (struct sockaddr*)&dest, sizeof(dest)));
+
+        deadline = ucs_get_time() + ucs_time_from_sec(10);
+        while (((drops(UCT_USNIC_RX_DROP_PUT_KEY) < 1) ||
+                (drops(UCT_USNIC_RX_DROP_INVALID) < 1)) &&
+               (ucs_get_time() < deadline)) {
+            progress();
+        }
+    }
+    close(fd);
+
+    EXPECT_EQ(1u, drops(UCT_USNIC_RX_DROP_PUT_KEY));
+    EXPECT_EQ(1u, drops(UCT_USNIC_RX_DROP_INVALID));
+    ASSERT_EQ(1u, m_warnings.size());
+    EXPECT_NE(std::string::npos, m_warnings[0].find("127.0.0.1:9"))
+            << m_warnings[0];
+    check_arena();
+
+    /* The real sender is not disturbed */
+    std::vector<uint8_t> good = pattern(5000, 5);
+    put_ok(100, &good[0], good.size());
+    flush_sender();
+    check_arena();
+}
+
+_UCT_INSTANTIATE_TEST_CASE(test_usnic_put, usnic)
