@@ -11,6 +11,7 @@
 #include "usnic_channel.h"
 
 #include <ucs/debug/log.h>
+#include <ucs/debug/memtrack_int.h>
 #include <ucs/arch/cpu.h>
 #include <ucs/sys/sock.h>
 
@@ -69,11 +70,61 @@ static unsigned uct_usnic_channel_post_recv(uct_usnic_channel_t *channel,
     return posted;
 }
 
+/*
+ * Checksum of a datagram: one multiply-xor round per 8 bytes. Each round is
+ * a bijection of the running value, so any one changed word changes the
+ * result; the length goes in first, so a cut datagram does not match.
+ */
+static uint32_t uct_usnic_channel_checksum(const void *data, size_t length)
+{
+    uint64_t hash = 0xcbf29ce484222325ull ^ length;
+    size_t offset = 0;
+    uint64_t word;
+
+    for (; (offset + sizeof(word)) <= length; offset += sizeof(word)) {
+        memcpy(&word, UCS_PTR_BYTE_OFFSET(data, offset), sizeof(word));
+        hash  = (hash ^ word) * 0x100000001b3ull;
+        hash ^= hash >> 29;
+    }
+
+    word = 0;
+    memcpy(&word, UCS_PTR_BYTE_OFFSET(data, offset), length - offset);
+    hash  = (hash ^ word) * 0x100000001b3ull;
+    hash ^= hash >> 32;
+    return (uint32_t)hash;
+}
+
+void uct_usnic_channel_checksum_put(void *datagram, size_t length)
+{
+    uint32_t checksum = uct_usnic_channel_checksum(datagram, length);
+
+    memcpy(UCS_PTR_BYTE_OFFSET(datagram, length), &checksum,
+           sizeof(checksum));
+}
+
+/* Whether a received datagram is whole; sets the length without checksum */
+static int uct_usnic_channel_checksum_ok(const void *datagram,
+                                         size_t *length_p)
+{
+    uint32_t checksum;
+
+    if (*length_p < UCT_USNIC_CHECKSUM_LEN) {
+        return 0;
+    }
+
+    *length_p -= UCT_USNIC_CHECKSUM_LEN;
+    memcpy(&checksum, UCS_PTR_BYTE_OFFSET(datagram, *length_p),
+           sizeof(checksum));
+    return checksum == uct_usnic_channel_checksum(datagram, *length_p);
+}
+
 static void uct_usnic_channel_rx_complete(uct_usnic_channel_t *channel,
                                           const struct fi_cq_msg_entry *comp)
 {
     uct_usnic_rx_desc_t *desc = ucs_container_of(comp->op_context,
                                                  uct_usnic_rx_desc_t, ctx);
+    size_t length;
+    void *data;
 
     ucs_list_del(&desc->list);
     --channel->rx_posted;
@@ -84,8 +135,16 @@ static void uct_usnic_channel_rx_complete(uct_usnic_channel_t *channel,
         return;
     }
 
-    if (channel->rx_cb(channel, desc, uct_usnic_rx_desc_data(channel, desc),
-                       comp->len - channel->prefix_size) == UCS_OK) {
+    data   = uct_usnic_rx_desc_data(channel, desc);
+    length = comp->len - channel->prefix_size;
+    if (channel->checksum &&
+        !uct_usnic_channel_checksum_ok(data, &length)) {
+        ++channel->rx_bad_checksum;
+        ucs_mpool_put_inline(desc);
+        return;
+    }
+
+    if (channel->rx_cb(channel, desc, data, length) == UCS_OK) {
         ucs_mpool_put_inline(desc);
     }
 }
@@ -149,6 +208,10 @@ unsigned uct_usnic_channel_progress(uct_usnic_channel_t *channel,
 
     if ((channel->rx_queue_len - channel->rx_posted) >= channel->rx_batch) {
         uct_usnic_channel_post_recv(channel, channel->rx_batch);
+    }
+
+    if (ucs_unlikely(channel->fault != NULL)) {
+        uct_usnic_fault_progress(channel);
     }
 
     return count;
@@ -220,6 +283,32 @@ err_close_cq:
     return UCS_ERR_IO_ERROR;
 }
 
+static ucs_status_t
+uct_usnic_channel_fault_init(uct_usnic_channel_t *channel,
+                             const uct_usnic_channel_params_t *params)
+{
+    ucs_status_t status;
+
+    channel->fault = ucs_malloc(sizeof(*channel->fault), "usnic_fault");
+    if (channel->fault == NULL) {
+        ucs_error("%s: failed to allocate the fault injector", channel->name);
+        return UCS_ERR_NO_MEMORY;
+    }
+
+    status = uct_usnic_fault_init(channel->fault, params->fault, params->id,
+                                  channel->prefix_size +
+                                  channel->max_msg_size);
+    if (status != UCS_OK) {
+        ucs_free(channel->fault);
+        channel->fault = NULL;
+        return status;
+    }
+
+    ucs_diag("%s: fault injection on (seed %lu)", channel->name,
+             params->fault->seed);
+    return UCS_OK;
+}
+
 ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                                     uct_base_iface_t *iface,
                                     uct_usnic_md_t *md, struct fid_av *av,
@@ -239,6 +328,9 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
     channel->idle_polls   = 0;
     channel->skipped_polls = 0;
     channel->max_msg_size = params->max_msg_size;
+    channel->checksum     = params->checksum;
+    channel->fault        = NULL;
+    channel->rx_bad_checksum = 0;
     channel->prefix_size  = (info->mode & FI_MSG_PREFIX) ?
                             info->ep_attr->msg_prefix_size : 0;
     /* A user keeping a datagram finds its release descriptor just before
@@ -286,6 +378,14 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
         goto err_cleanup;
     }
 
+    if (uct_usnic_fault_enabled(params->fault) &&
+        (params->fault->channels & UCS_BIT(params->id))) {
+        status = uct_usnic_channel_fault_init(channel, params);
+        if (status != UCS_OK) {
+            goto err_cleanup;
+        }
+    }
+
     ucs_debug("%s: bound to %s, %u receives posted", channel->name,
               ucs_sockaddr_str((struct sockaddr*)&channel->addr, addr_str,
                                sizeof(addr_str)),
@@ -305,6 +405,12 @@ void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel)
 {
     uct_usnic_rx_desc_t *desc, *tmp;
     int ret;
+
+    if (channel->fault != NULL) {
+        uct_usnic_fault_cleanup(channel->fault);
+        ucs_free(channel->fault);
+        channel->fault = NULL;
+    }
 
     ret = fi_close(&channel->ep->fid);
     if (ret != 0) {

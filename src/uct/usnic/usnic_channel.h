@@ -8,6 +8,7 @@
 #define UCT_USNIC_CHANNEL_H
 
 #include "usnic_md.h"
+#include "usnic_fault.h"
 
 #include <ucs/datastruct/list.h>
 #include <ucs/datastruct/mpool.h>
@@ -19,6 +20,10 @@
 
 
 typedef struct uct_usnic_channel uct_usnic_channel_t;
+
+
+/* Bytes of the end-to-end checksum at the end of a datagram, when on */
+#define UCT_USNIC_CHECKSUM_LEN sizeof(uint32_t)
 
 
 /**
@@ -59,6 +64,9 @@ typedef struct uct_usnic_channel_params {
     const uct_iface_params_t  *am_params;
     const uct_iface_mpool_config_t *rx_mpool;
     uct_usnic_channel_rx_cb_t rx_cb;
+    int                       checksum;     /* End-to-end checksum */
+    unsigned                  id;           /* For the fault injector */
+    const uct_usnic_fault_config_t *fault;
 } uct_usnic_channel_params_t;
 
 
@@ -74,6 +82,9 @@ struct uct_usnic_channel {
     size_t                    prefix_size;  /* FI_MSG_PREFIX room */
     size_t                    rx_offset;    /* Datagram offset in a desc */
     size_t                    max_msg_size; /* Datagram size, no prefix */
+    int                       checksum;     /* Datagrams end with one */
+    uct_usnic_fault_t         *fault;       /* NULL unless injecting */
+    uint64_t                  rx_bad_checksum; /* Dropped datagrams */
     unsigned                  rx_queue_len;
     unsigned                  rx_batch;
     unsigned                  rx_posted;
@@ -97,6 +108,33 @@ void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel);
 
 unsigned uct_usnic_channel_progress(uct_usnic_channel_t *channel,
                                     unsigned max_events);
+
+
+void uct_usnic_channel_checksum_put(void *datagram, size_t length);
+
+
+/*
+ * Send a datagram. The buffer starts with the provider's prefix room and has
+ * room for a checksum after the length bytes of the datagram. Returns what
+ * fi_inject returns.
+ */
+static UCS_F_ALWAYS_INLINE ssize_t
+uct_usnic_channel_send(uct_usnic_channel_t *channel, void *buffer,
+                       size_t length, fi_addr_t dest)
+{
+    if (channel->checksum) {
+        uct_usnic_channel_checksum_put(
+                UCS_PTR_BYTE_OFFSET(buffer, channel->prefix_size), length);
+        length += UCT_USNIC_CHECKSUM_LEN;
+    }
+
+    if (ucs_unlikely(channel->fault != NULL)) {
+        return uct_usnic_fault_send(channel, buffer,
+                                    channel->prefix_size + length, dest);
+    }
+
+    return fi_inject(channel->ep, buffer, channel->prefix_size + length, dest);
+}
 
 
 /*

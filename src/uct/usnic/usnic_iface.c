@@ -46,6 +46,22 @@ static const struct {
 };
 
 
+static const char *uct_usnic_channel_names[] = {
+    [UCT_USNIC_CHANNEL_PRIO] = "prio",
+    [UCT_USNIC_CHANNEL_DATA] = "data",
+    [UCT_USNIC_CHANNEL_LAST] = NULL
+};
+
+
+#define UCT_USNIC_FAULT_CONFIG_FIELD(_type, _what) \
+    {"FAULT_" #_type, "0", \
+     "Fault injection, for testing: probability (0..1) that a datagram is\n" \
+     _what ".", \
+     ucs_offsetof(uct_usnic_iface_config_t, \
+                  fault.prob[UCT_USNIC_FAULT_##_type]), \
+     UCS_CONFIG_TYPE_DOUBLE}
+
+
 static ucs_config_field_t uct_usnic_iface_config_table[] = {
     {"", "", NULL,
      ucs_offsetof(uct_usnic_iface_config_t, super),
@@ -130,6 +146,36 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      ucs_offsetof(uct_usnic_iface_config_t, max_resend),
      UCS_CONFIG_TYPE_UINT},
 
+    {"CHECKSUM", "n",
+     "End-to-end checksum on every datagram: for links whose own checksums\n"
+     "cannot be trusted, and to test with UCX_USNIC_FAULT_CORRUPT or\n"
+     "UCX_USNIC_FAULT_TRUNCATE. Costs 4 bytes and a pass over each datagram;\n"
+     "both sides must set the same value.",
+     ucs_offsetof(uct_usnic_iface_config_t, checksum), UCS_CONFIG_TYPE_BOOL},
+
+    UCT_USNIC_FAULT_CONFIG_FIELD(DROP, "never sent"),
+    UCT_USNIC_FAULT_CONFIG_FIELD(DUPLICATE, "sent twice"),
+    UCT_USNIC_FAULT_CONFIG_FIELD(REORDER, "sent after the next datagram"),
+    UCT_USNIC_FAULT_CONFIG_FIELD(DELAY, "held for UCX_USNIC_FAULT_DELAY_TIME"),
+    UCT_USNIC_FAULT_CONFIG_FIELD(CORRUPT, "sent with one byte changed"),
+    UCT_USNIC_FAULT_CONFIG_FIELD(TRUNCATE, "sent cut short"),
+
+    {"FAULT_DELAY_TIME", "1ms",
+     "Fault injection: how long a delayed datagram is held; also the longest\n"
+     "a reordered one waits for a datagram to overtake it.",
+     ucs_offsetof(uct_usnic_iface_config_t, fault.delay_time),
+     UCS_CONFIG_TYPE_TIME},
+
+    {"FAULT_SEED", "1",
+     "Fault injection: seed of the random choices; the same seed and traffic\n"
+     "give the same faults.",
+     ucs_offsetof(uct_usnic_iface_config_t, fault.seed), UCS_CONFIG_TYPE_ULONG},
+
+    {"FAULT_CHANNELS", "prio,data",
+     "Fault injection: channels whose outgoing datagrams it affects.",
+     ucs_offsetof(uct_usnic_iface_config_t, fault.channels),
+     UCS_CONFIG_TYPE_BITMAP(uct_usnic_channel_names)},
+
     UCT_USNIC_IFACE_MPOOL_CONFIG_FIELDS("RX_", -1, 0, "receive",
                                         ucs_offsetof(uct_usnic_iface_config_t,
                                                      rx_mpool),
@@ -193,6 +239,7 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
          "datagrams per progress call"}
     };
     const uct_usnic_config_range_t *range;
+    int type;
 
     for (range = ranges; range < ranges + ucs_static_array_size(ranges);
          ++range) {
@@ -202,6 +249,25 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
                       range->max, range->why);
             return UCS_ERR_INVALID_PARAM;
         }
+    }
+
+    for (type = 0; type < UCT_USNIC_FAULT_LAST; ++type) {
+        if (!(config->fault.prob[type] >= 0) ||
+            (config->fault.prob[type] > 1)) {
+            ucs_error("%sFAULT_%s=%g is out of range: must be a probability "
+                      "between 0 and 1", UCT_USNIC_CONFIG_VAR(""),
+                      uct_usnic_fault_names[type], config->fault.prob[type]);
+            return UCS_ERR_INVALID_PARAM;
+        }
+    }
+
+    if (!config->checksum &&
+        ((config->fault.prob[UCT_USNIC_FAULT_CORRUPT] > 0) ||
+         (config->fault.prob[UCT_USNIC_FAULT_TRUNCATE] > 0))) {
+        ucs_warn("%s and %s without %s=y: damaged datagrams may be "
+                 "delivered", UCT_USNIC_CONFIG_VAR("FAULT_CORRUPT"),
+                 UCT_USNIC_CONFIG_VAR("FAULT_TRUNCATE"),
+                 UCT_USNIC_CONFIG_VAR("CHECKSUM"));
     }
 
     if (config->async_tick <= 0) {
@@ -436,16 +502,17 @@ void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
                                const void *packet, size_t length)
 {
     uct_usnic_channel_t *channel = &iface->channels[UCT_USNIC_CHANNEL_PRIO];
-    void *buffer                 = ucs_alloca(channel->prefix_size + length);
+    void *buffer                 = ucs_alloca(channel->prefix_size + length +
+                                              UCT_USNIC_CHECKSUM_LEN);
     ssize_t ret;
 
     /* The provider may want room for its own header in front */
     memcpy(UCS_PTR_BYTE_OFFSET(buffer, channel->prefix_size), packet, length);
 
     /* A lost control packet is recovered by the protocol: no retry here */
-    ret = fi_inject(channel->ep, buffer, channel->prefix_size + length, dest);
+    ret = uct_usnic_channel_send(channel, buffer, length, dest);
     if ((ret != 0) && (ret != -FI_EAGAIN)) {
-        ucs_diag("%s: fi_inject failed: %s", channel->name,
+        ucs_diag("%s: sending a control packet failed: %s", channel->name,
                  fi_strerror(-ret));
     }
 }
@@ -580,13 +647,13 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
 {
     uct_usnic_channel_params_t ch_params[UCT_USNIC_CHANNEL_LAST] = {
         [UCT_USNIC_CHANNEL_PRIO] = {
-            .name         = "prio",
+            .name         = uct_usnic_channel_names[UCT_USNIC_CHANNEL_PRIO],
             .rx_queue_len = config->prio_rx_queue_len,
             .rx_headroom  = 0,
             .rx_cb        = uct_usnic_rx_prio
         },
         [UCT_USNIC_CHANNEL_DATA] = {
-            .name         = "data",
+            .name         = uct_usnic_channel_names[UCT_USNIC_CHANNEL_DATA],
             .rx_queue_len = config->rx_queue_len,
             .rx_headroom  = iface->config.rx_headroom,
             .am_offset    = sizeof(uct_usnic_hdr_t),
@@ -600,8 +667,13 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
     for (id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
         ch_params[id].tx_queue_len = config->tx_queue_len;
         ch_params[id].rx_batch     = config->rx_post_batch;
-        ch_params[id].max_msg_size = iface->config.mtu;
+        ch_params[id].max_msg_size = iface->config.mtu +
+                                     (config->checksum ?
+                                      UCT_USNIC_CHECKSUM_LEN : 0);
         ch_params[id].rx_mpool     = &config->rx_mpool;
+        ch_params[id].checksum     = config->checksum;
+        ch_params[id].id           = id;
+        ch_params[id].fault        = &config->fault;
 
         status = uct_usnic_channel_init(&iface->channels[id], &iface->super,
                                         md, iface->av, &ch_params[id]);
@@ -646,7 +718,8 @@ uct_usnic_iface_init_buffers(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
 
     status = uct_usnic_md_mpool_init(md, &iface->tx_mp,
                                      iface->config.tx_hdr_offset +
-                                     iface->config.mtu,
+                                     iface->config.mtu +
+                                     UCT_USNIC_CHECKSUM_LEN,
                                      0, UCS_SYS_CACHE_LINE_SIZE,
                                      &config->tx_mpool, 256, NULL,
                                      "usnic_tx_desc");
@@ -706,12 +779,15 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
     size_t prefix = (info->mode & FI_MSG_PREFIX) ?
                     info->ep_attr->msg_prefix_size : 0;
 
-    /* Every datagram goes out with fi_inject, which copies it */
+    /* Every datagram goes out with fi_inject, which copies it; the
+     * protocol's room excludes a checksum */
     iface->config.mtu               = ucs_min((config->mtu == UCS_MEMUNITS_AUTO) ?
                                               info->ep_attr->max_msg_size :
                                               config->mtu,
                                               info->tx_attr->inject_size -
-                                              prefix);
+                                              prefix) -
+                                      (config->checksum ?
+                                       UCT_USNIC_CHECKSUM_LEN : 0);
     iface->config.max_payload       = iface->config.mtu -
                                       sizeof(uct_usnic_hdr_t) -
                                       sizeof(uct_usnic_open_ext_t);
@@ -990,7 +1066,8 @@ static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
     ucs_debug("usnic iface %p: tx %lu datagrams, %lu resent, %lu standalone "
               "and %lu piggy-backed ACKs; rx %lu datagrams, %lu ACKs; "
               "dropped: %lu invalid, %lu stale, %lu no stream, %lu duplicate, "
-              "%lu out of window, %lu no resource, %lu PUT key, %lu PUT range",
+              "%lu out of window, %lu no resource, %lu PUT key, %lu PUT range, "
+              "%lu bad checksum",
               iface, iface->stats.tx_packets, iface->stats.tx_resends,
               iface->stats.tx_acks, iface->stats.tx_piggy_acks,
               iface->stats.rx_packets, iface->stats.rx_acks,
@@ -1000,7 +1077,9 @@ static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
               drop[UCT_USNIC_RX_DROP_OUT_OF_WINDOW],
               drop[UCT_USNIC_RX_DROP_NO_RESOURCE],
               drop[UCT_USNIC_RX_DROP_PUT_KEY],
-              drop[UCT_USNIC_RX_DROP_PUT_RANGE]);
+              drop[UCT_USNIC_RX_DROP_PUT_RANGE],
+              iface->channels[UCT_USNIC_CHANNEL_PRIO].rx_bad_checksum +
+              iface->channels[UCT_USNIC_CHANNEL_DATA].rx_bad_checksum);
 }
 
 static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t)

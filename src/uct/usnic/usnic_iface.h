@@ -108,6 +108,8 @@ typedef struct uct_usnic_iface_config {
     double                   rto_max;
     double                   async_tick;
     unsigned                 max_resend;
+    int                      checksum;
+    uct_usnic_fault_config_t fault;
     uct_iface_mpool_config_t rx_mpool;
     uct_iface_mpool_config_t tx_mpool;
 } uct_usnic_iface_config_t;

@@ -23,10 +23,11 @@ static void uct_usnic_tx_send(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
     uct_usnic_channel_t *channel = &iface->channels[UCT_USNIC_CHANNEL_DATA];
     ssize_t ret;
 
-    ret = fi_inject(channel->ep,
-                    UCS_PTR_BYTE_OFFSET(uct_usnic_tx_desc_hdr(iface, desc),
-                                        -channel->prefix_size),
-                    channel->prefix_size + desc->length, ep->peer_fi_addr);
+    ret = uct_usnic_channel_send(channel,
+                                 UCS_PTR_BYTE_OFFSET(
+                                         uct_usnic_tx_desc_hdr(iface, desc),
+                                         -channel->prefix_size),
+                                 desc->length, ep->peer_fi_addr);
     if (ucs_likely(ret == 0)) {
         if (ucs_unlikely(desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT)) {
             desc->flags &= ~UCT_USNIC_TX_DESC_FLAG_UNSENT;
@@ -37,7 +38,7 @@ static void uct_usnic_tx_send(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
     }
 
     if (ret != -FI_EAGAIN) {
-        ucs_diag("%s: fi_inject(psn %u) failed: %s", channel->name, desc->psn,
+        ucs_diag("%s: sending psn %u failed: %s", channel->name, desc->psn,
                  fi_strerror(-ret));
     }
 
@@ -187,6 +188,14 @@ void uct_usnic_tx_window_purge(uct_usnic_ep_t *ep, ucs_status_t status)
     uct_usnic_tx_flush_complete(ep, 1, status);
 }
 
+static void uct_usnic_tx_rto_reset(uct_usnic_iface_t *iface,
+                                   uct_usnic_ep_t *ep)
+{
+    ep->rto = ucs_min(ucs_max(ep->srtt + 4 * ep->rttvar,
+                              iface->config.rto_min),
+                      iface->config.rto_max);
+}
+
 /* RFC 6298 estimator, in ucs_time_t units */
 static void uct_usnic_tx_rtt_sample(uct_usnic_iface_t *iface,
                                     uct_usnic_ep_t *ep, ucs_time_t rtt)
@@ -202,9 +211,7 @@ static void uct_usnic_tx_rtt_sample(uct_usnic_iface_t *iface,
         ep->srtt   = (7 * ep->srtt + rtt) / 8;
     }
 
-    ep->rto = ucs_min(ucs_max(ep->srtt + 4 * ep->rttvar,
-                              iface->config.rto_min),
-                      iface->config.rto_max);
+    uct_usnic_tx_rto_reset(iface, ep);
 }
 
 /* Additive increase: slow start below ssthresh, then one more packet per
@@ -285,7 +292,9 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
 {
     uct_usnic_psn_t ack_psn = ack->psn;
     ucs_time_t now          = ucs_get_time();
-    unsigned acked = 0;
+    ucs_time_t sent_time    = 0;
+    int clean_sample        = 1;
+    unsigned acked          = 0;
     uct_usnic_tx_desc_t *desc;
     uct_usnic_ep_t *ep;
 
@@ -317,14 +326,25 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
             break;
         }
 
-        /* Karn: a resent packet says nothing about the round trip */
-        if ((desc->resends == 0) && (desc->send_time != 0)) {
-            uct_usnic_tx_rtt_sample(iface, ep, now - desc->send_time);
+        /* Karn: an ACK that covers a resent packet, or one held behind a
+         * hole, says nothing about the round trip */
+        if ((desc->resends != 0) || (desc->send_time == 0) ||
+            (desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED)) {
+            clean_sample = 0;
         }
+        sent_time = desc->send_time;
 
         ucs_queue_pull_non_empty(&ep->window);
         uct_usnic_tx_desc_release(iface, ep, desc);
         ++acked;
+    }
+
+    /* One sample per ACK, from the newest packet it covers. Progress
+     * means the path works: drop the backoff of earlier timeouts */
+    if ((acked > 0) && clean_sample) {
+        uct_usnic_tx_rtt_sample(iface, ep, now - sent_time);
+    } else if (acked > 0) {
+        uct_usnic_tx_rto_reset(iface, ep);
     }
 
     ep->acked_psn = ack_psn;
@@ -340,20 +360,26 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
 }
 
 /*
- * Send what the send queue refused earlier, and on a timeout resend the
- * oldest datagram the peer does not have (the ACK that follows tells about
- * the rest) and back off. Returns the number of datagrams sent.
+ * Send what the send queue refused earlier. When the oldest datagram the
+ * peer does not have times out, resend it and back off. Should that happen
+ * again before any progress, resend also those after it that the peer is
+ * not known to have, as many as the congestion window (now at its minimum)
+ * allows: losses at the tail of a burst leave no later datagram whose ACK
+ * would tell about them. A single timeout costs one datagram, which keeps
+ * spurious ones (a descheduled receiver) cheap.
  */
 static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
                                        uct_usnic_ep_t *ep, ucs_time_t now,
                                        unsigned budget)
 {
-    int oldest_checked = 0;
-    unsigned count     = 0;
+    unsigned count = 0;
+    int resend_all = 0;
+    int checked    = 0;
     uct_usnic_tx_desc_t *desc;
 
     ucs_queue_for_each(desc, &ep->window, queue) {
-        if ((count >= budget) || (oldest_checked && (ep->unsent == 0))) {
+        if ((count >= budget) ||
+            (checked && !resend_all && (ep->unsent == 0))) {
             break;
         }
 
@@ -363,15 +389,21 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
                 break; /* the send queue is still full */
             }
             ++count;
-        } else if (!oldest_checked &&
-                   !(desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED)) {
-            oldest_checked = 1;
+        } else if (desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED) {
+            continue;
+        } else if (!checked) {
+            checked = 1;
             if ((now - desc->send_time) >= ep->rto) {
+                resend_all = (desc->resends > 0);
                 uct_usnic_tx_cwnd_loss(iface, ep, 1);
-                uct_usnic_tx_resend(iface, ep, desc, now);
                 ep->rto = ucs_min(ep->rto * 2, iface->config.rto_max);
+                budget  = ucs_min(budget, count + ep->cwnd);
+                uct_usnic_tx_resend(iface, ep, desc, now);
                 ++count;
             }
+        } else if (resend_all) {
+            uct_usnic_tx_resend(iface, ep, desc, now);
+            ++count;
         }
     }
 

@@ -250,7 +250,10 @@ UCS_TEST_P(test_usnic_iface, bad_config_values) {
         {"WINDOW", "8"},
         {"ACK_FREQ", "100000"},
         {"MAX_BCOPY", "8m"},
-        {"ASYNC_TICK", "0"}
+        {"PUT_MAX_BCOPY", "8m"},
+        {"ASYNC_TICK", "0"},
+        {"FAULT_DROP", "1.5"},
+        {"FAULT_CORRUPT", "-0.1"}
     };
 
     for (size_t i = 0; i < ucs_static_array_size(cases); ++i) {

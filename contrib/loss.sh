@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+#
+# Goodput under kernel-level loss: ucx_perftest am_bw with 8 KiB am_bcopy
+# messages across two network namespaces, first lossless, then with an nft
+# rule in the receiving (server) namespace that drops N% of the UDP
+# datagrams arriving there (usnic's data; its ACKs travel the other way).
+# Prints one table: loss, overall MB/s, share of the lossless run.
+#
+#   contrib/loss.sh [-n ITERATIONS] [-l "1 10"]
+#
+set -euo pipefail
+
+. "$(dirname "$0")/common.sh"
+. "$(dirname "$0")/pair.sh"
+
+iters=200000
+losses="1 10"
+while [ $# -gt 0 ]; do
+    case $1 in
+    -n) iters=$2; shift ;;
+    -l) losses=$2; shift ;;
+    *)  usnic_die "usage: $0 [-n ITERATIONS] [-l \"PERCENT...\"]" ;;
+    esac
+    shift
+done
+
+usnic_apt_install nftables
+"${usnic_top}/contrib/build.sh"
+usnic_env
+
+logs=${usnic_leg_dir}/loss
+mkdir -p "${logs}"
+trap usnic_pair_cleanup EXIT
+usnic_pair_setup netns
+
+port=$((20000 + $$ % 10000))
+perftest=("${usnic_bin}/ucx_perftest" -x usnic -d "${usnic_pair_dev}"
+          -p "${port}")
+
+# set_loss <percent>: replace the drop rule of the server's namespace
+set_loss() {
+    local nft=("${usnic_pair_server_pfx[@]}" nft)
+    "${nft[@]}" delete table inet usnic_loss 2>/dev/null || true
+    [ "$1" -eq 0 ] && return 0
+    "${nft[@]}" add table inet usnic_loss
+    "${nft[@]}" add chain inet usnic_loss input \
+        '{ type filter hook input priority 0; policy accept; }'
+    "${nft[@]}" add rule inet usnic_loss input \
+        meta l4proto udp numgen random mod 100 "<" "$1" drop
+}
+
+# goodput <percent>: overall MB/s of one run
+goodput() {
+    local log=${logs}/am_bw_loss_$1
+    set_loss "$1"
+    usnic_pair_run "${log}" t "${port}" "${perftest[@]}" -- \
+        "${perftest[@]}" @ADDR@ -t am_bw -D bcopy -s 8192 -n "${iters}" \
+        >/dev/null
+    awk '/^Final:/ { print $7 }' "${log}.client"
+}
+
+base=$(goodput 0)
+printf '\n| loss | am_bw 8 KiB bcopy, MB/s | share of lossless |\n'
+printf '|---|---|---|\n'
+printf '| 0%% | %s | 1.00 |\n' "${base}"
+for loss in ${losses}; do
+    mbs=$(goodput "${loss}")
+    awk -v l="${loss}" -v m="${mbs}" -v b="${base}" \
+        'BEGIN { printf "| %s%% | %s | %.2f |\n", l, m, m / b }'
+done
+set_loss 0
