@@ -232,7 +232,13 @@ static void uct_usnic_tx_cwnd_grow(uct_usnic_iface_t *iface,
     ep->cwnd = ucs_min(ep->cwnd, iface->config.window);
 }
 
-/* Multiplicative decrease, once per window of loss */
+/*
+ * Multiplicative decrease, once per window of loss. A timeout means the
+ * path is congested or gone: back to the minimum. A hole reported by a
+ * selective ACK, with later packets arriving, is as likely random loss:
+ * shrink by a quarter, not below the initial window, so that a lossy but
+ * uncongested link keeps its throughput.
+ */
 static void uct_usnic_tx_cwnd_loss(uct_usnic_iface_t *iface,
                                    uct_usnic_ep_t *ep, int timeout)
 {
@@ -240,8 +246,14 @@ static void uct_usnic_tx_cwnd_loss(uct_usnic_iface_t *iface,
         return; /* Already reacting to this window's loss */
     }
 
-    ep->ssthresh     = ucs_max(ep->cwnd / 2, iface->config.cwnd_min);
-    ep->cwnd         = timeout ? iface->config.cwnd_min : ep->ssthresh;
+    if (timeout) {
+        ep->ssthresh = ucs_max(ep->cwnd / 2, iface->config.cwnd_min);
+        ep->cwnd     = iface->config.cwnd_min;
+    } else {
+        ep->ssthresh = ucs_max(ep->cwnd - (ep->cwnd / 4),
+                               iface->config.cwnd_init);
+        ep->cwnd     = ucs_min(ep->cwnd, ep->ssthresh);
+    }
     ep->cwnd_acked   = 0;
     ep->recovery_psn = ep->next_psn - 1;
 }
