@@ -66,6 +66,15 @@ uct_usnic_mpool_grow(const uct_iface_mpool_config_t *config, unsigned grow)
 #define UCT_USNIC_RKEY_UNPACK(_func)       _func
 #define UCT_USNIC_RKEY_UNPACK_ADAPTER(_func)
 
+/* Internal op ep_invalidate: 1.22 passes parameters, none of which we use */
+#define UCT_USNIC_EP_INVALIDATE(_func) _func##_op
+#define UCT_USNIC_EP_INVALIDATE_ADAPTER(_func) \
+    static ucs_status_t _func##_op(uct_ep_h ep, \
+                                   const uct_ep_invalidate_params_t *params) \
+    { \
+        return _func(ep); \
+    }
+
 /* Members that exist in 1.22 only; spliced into the uct_md_ops_t initializer */
 #define UCT_USNIC_MD_OPS_VERSIONED \
     .mem_attach    = UCT_USNIC_STUB(uct_md_mem_attach_func_t, \
@@ -246,6 +255,13 @@ static UCS_F_MAYBE_UNUSED void uct_md_base_md_query(uct_md_attr_v2_t *md_attr)
         uct_rkey_unpack_params_t params = {.field_mask = 0}; \
         \
         return _func(component, buffer, &params, rkey_p, handle_p); \
+    }
+
+#define UCT_USNIC_EP_INVALIDATE(_func) _func##_op
+#define UCT_USNIC_EP_INVALIDATE_ADAPTER(_func) \
+    static ucs_status_t _func##_op(uct_ep_h ep, unsigned flags) \
+    { \
+        return _func(ep); \
     }
 
 #define UCT_USNIC_MD_OPS_VERSIONED \

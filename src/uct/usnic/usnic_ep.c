@@ -62,6 +62,9 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params)
     ucs_arbiter_group_init(&self->arb_group);
     ucs_list_head_init(&self->active_list);
     self->ack_stream       = NULL;
+    self->progress_time    = 0;
+    self->status           = UCS_OK;
+    ucs_list_head_init(&self->failed_list);
     self->id               = ucs_ptr_array_insert(&iface->eps, self);
     uct_usnic_iface_peer_link(iface, self->peer_incarnation, self, NULL);
 
@@ -74,10 +77,14 @@ UCS_CLASS_CLEANUP_FUNC(uct_usnic_ep_t)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(self);
 
+    /* The async timer looks for timeouts among the active eps */
+    uct_usnic_iface_enter(iface);
     uct_usnic_tx_window_purge(self, UCS_ERR_CANCELED);
+    ucs_list_del(&self->failed_list);
     uct_usnic_iface_peer_unlink(iface, self->peer_incarnation, self, NULL);
     ucs_arbiter_group_cleanup(&self->arb_group);
     ucs_ptr_array_remove(&iface->eps, self->id);
+    uct_usnic_iface_leave(iface);
 }
 
 UCS_CLASS_DEFINE(uct_usnic_ep_t, uct_base_ep_t);
@@ -93,6 +100,10 @@ uct_usnic_ep_am_short_get(uct_usnic_ep_t *ep, uint8_t id, size_t length,
 
     UCT_CHECK_AM_ID(id);
     UCT_CHECK_LENGTH(length, 0, iface->config.max_payload, "am_short");
+
+    if (ucs_unlikely(ep->status != UCS_OK)) {
+        return ep->status;
+    }
 
     if (ucs_unlikely(!uct_usnic_ep_can_send(ep, 1))) {
         UCS_STATS_UPDATE_COUNTER(ep->super.stats, UCT_EP_STAT_NO_RES, 1);
@@ -215,6 +226,10 @@ static void uct_usnic_ep_post_fragments(uct_usnic_ep_t *ep, uint8_t id,
 static UCS_F_ALWAYS_INLINE ucs_status_t
 uct_usnic_ep_bcopy_check(uct_usnic_ep_t *ep)
 {
+    if (ucs_unlikely(ep->status != UCS_OK)) {
+        return ep->status;
+    }
+
     if (ucs_unlikely(!uct_usnic_ep_can_send(
                 ep, uct_usnic_ep_iface(ep)->config.max_bcopy_packets))) {
         UCS_STATS_UPDATE_COUNTER(ep->super.stats, UCT_EP_STAT_NO_RES, 1);
@@ -294,7 +309,9 @@ ucs_status_t uct_usnic_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req,
     uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
 
-    if (uct_usnic_ep_can_send(ep, iface->config.max_bcopy_packets)) {
+    /* On a failed ep too: the error handler purges what waits */
+    if ((ep->status == UCS_OK) &&
+        uct_usnic_ep_can_send(ep, iface->config.max_bcopy_packets)) {
         return UCS_ERR_BUSY;
     }
 
@@ -372,8 +389,14 @@ ucs_status_t uct_usnic_ep_flush(uct_ep_h tl_ep, unsigned flags,
     uct_usnic_flush_req_t *req;
 
     if (flags & UCT_FLUSH_FLAG_CANCEL) {
+        uct_usnic_iface_enter(iface);
         uct_usnic_tx_window_purge(ep, UCS_ERR_CANCELED);
+        uct_usnic_iface_leave(iface);
         return UCS_OK;
+    }
+
+    if (ucs_unlikely(ep->status != UCS_OK)) {
+        return ep->status;
     }
 
     /* Pending sends go first, unless this flush is one of them */
@@ -426,4 +449,66 @@ int uct_usnic_ep_is_connected(uct_ep_h tl_ep,
     return (dev_addr->in_addr == ep->peer_dev_addr.in_addr) &&
            (dev_addr->ns_id == ep->peer_dev_addr.ns_id) &&
            !memcmp(if_addr, &ep->peer_iface_addr, sizeof(*if_addr));
+}
+
+void uct_usnic_ep_fail(uct_usnic_ep_t *ep, ucs_status_t status)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+
+    if (ep->status != UCS_OK) {
+        return;
+    }
+
+    ucs_debug("usnic ep %p to iface 0x%x failed: %s", ep,
+              ep->peer_incarnation, ucs_status_string(status));
+    ep->status = status;
+    ucs_list_add_tail(&iface->failed_eps, &ep->failed_list);
+}
+
+void uct_usnic_ep_report_failures(uct_usnic_iface_t *iface)
+{
+    uct_usnic_ep_t *ep;
+
+    while (!ucs_list_is_empty(&iface->failed_eps)) {
+        ep = ucs_list_extract_head(&iface->failed_eps, uct_usnic_ep_t,
+                                   failed_list);
+        ucs_list_head_init(&ep->failed_list);
+        uct_usnic_tx_window_purge(ep, ep->status);
+        uct_iface_handle_ep_err(&iface->super.super, &ep->super.super,
+                                ep->status);
+    }
+}
+
+/* With packets in flight the peer timeout already watches the ep; else send
+ * a probe, which the peer acknowledges like any packet */
+ucs_status_t uct_usnic_ep_check(uct_ep_h tl_ep, unsigned flags,
+                                uct_completion_t *comp)
+{
+    uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uct_usnic_tx_desc_t *desc;
+
+    UCT_EP_KEEPALIVE_CHECK_PARAM(flags, comp);
+
+    if ((ep->status != UCS_OK) || (ep->tx_count > 0)) {
+        return UCS_OK;
+    }
+
+    desc = ucs_mpool_get_inline(&iface->tx_mp);
+    if (desc == NULL) {
+        return UCS_ERR_NO_RESOURCE;
+    }
+
+    uct_usnic_iface_enter(iface);
+    uct_usnic_tx_post(ep, desc, UCT_USNIC_PKT_PROBE, 0,
+                      UCT_USNIC_PKT_FLAG_FIRST | UCT_USNIC_PKT_FLAG_LAST, 0);
+    uct_usnic_iface_leave(iface);
+    return UCS_OK;
+}
+
+ucs_status_t uct_usnic_ep_invalidate(uct_ep_h tl_ep)
+{
+    uct_usnic_ep_fail(ucs_derived_of(tl_ep, uct_usnic_ep_t),
+                      UCS_ERR_ENDPOINT_TIMEOUT);
+    return UCS_OK;
 }

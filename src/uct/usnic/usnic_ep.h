@@ -75,6 +75,11 @@ typedef struct uct_usnic_ep {
     ucs_time_t            rto;             /* Retransmission timeout */
     ucs_time_t            srtt;            /* Smoothed round-trip time */
     ucs_time_t            rttvar;
+    ucs_time_t            progress_time;   /* Last ACK that covered new
+                                              packets, or when the window
+                                              last became non-empty */
+    ucs_status_t          status;          /* Why the ep failed, or OK */
+    ucs_list_link_t       failed_list;     /* In iface->failed_eps */
 } uct_usnic_ep_t;
 
 
@@ -92,6 +97,18 @@ ucs_status_t uct_usnic_ep_am_short_iov(uct_ep_h tl_ep, uint8_t id,
 ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
                               uct_pack_callback_t pack_cb, void *arg,
                               unsigned flags);
+
+ucs_status_t uct_usnic_ep_check(uct_ep_h tl_ep, unsigned flags,
+                                uct_completion_t *comp);
+
+ucs_status_t uct_usnic_ep_invalidate(uct_ep_h tl_ep);
+
+/* The peer stopped answering, or the user gave up on it: the ep fails,
+ * once; may run on the async thread */
+void uct_usnic_ep_fail(uct_usnic_ep_t *ep, ucs_status_t status);
+
+/* Complete what failed eps had outstanding and call the error handler */
+void uct_usnic_ep_report_failures(uct_usnic_iface_t *iface);
 
 ssize_t uct_usnic_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb,
                                void *arg, uint64_t remote_addr,
@@ -127,6 +144,9 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
                              uint32_t src_incarnation, uint64_t sack);
 
 unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface);
+
+/* Fail the eps whose peer acknowledged nothing for the timeout */
+void uct_usnic_tx_check_timeouts(uct_usnic_iface_t *iface);
 
 void uct_usnic_tx_window_purge(uct_usnic_ep_t *ep, ucs_status_t status);
 

@@ -146,6 +146,11 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      ucs_offsetof(uct_usnic_iface_config_t, max_resend),
      UCS_CONFIG_TYPE_UINT},
 
+    {"TIMEOUT", "10s",
+     "An endpoint whose peer acknowledges nothing for this long fails with\n"
+     "UCS_ERR_ENDPOINT_TIMEOUT through the iface's error handler.",
+     ucs_offsetof(uct_usnic_iface_config_t, timeout), UCS_CONFIG_TYPE_TIME},
+
     {"CHECKSUM", "n",
      "End-to-end checksum on every datagram: for links whose own checksums\n"
      "cannot be trusted, and to test with UCX_USNIC_FAULT_CORRUPT or\n"
@@ -270,6 +275,14 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
                  UCT_USNIC_CONFIG_VAR("CHECKSUM"));
     }
 
+    if ((config->timeout <= 0) ||
+        (config->timeout < config->rto_max)) {
+        ucs_error("%s=%g must be at least %s=%g (seconds)",
+                  UCT_USNIC_CONFIG_VAR("TIMEOUT"), config->timeout,
+                  UCT_USNIC_CONFIG_VAR("RTO_MAX"), config->rto_max);
+        return UCS_ERR_INVALID_PARAM;
+    }
+
     if (config->async_tick <= 0) {
         ucs_error("%s=%g must be positive (seconds)",
                   UCT_USNIC_CONFIG_VAR("ASYNC_TICK"), config->async_tick);
@@ -301,6 +314,8 @@ static ucs_status_t uct_usnic_iface_query(uct_iface_h tl_iface,
                                      UCT_IFACE_FLAG_PUT_BCOPY |
                                      UCT_IFACE_FLAG_PENDING |
                                      UCT_IFACE_FLAG_CB_SYNC |
+                                     UCT_IFACE_FLAG_ERRHANDLE_PEER_FAILURE |
+                                     UCT_IFACE_FLAG_EP_CHECK |
                                      UCT_IFACE_FLAG_CONNECT_TO_IFACE |
                                      UCT_IFACE_FLAG_INTER_NODE;
     iface_attr->cap.am.max_short   = iface->config.max_payload;
@@ -449,6 +464,11 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
         count += uct_usnic_tx_progress_timers(iface);
     }
 
+    if (ucs_unlikely(!ucs_list_is_empty(&iface->failed_eps))) {
+        uct_usnic_ep_report_failures(iface);
+        ++count;
+    }
+
     if (!ucs_arbiter_is_empty(&iface->arbiter)) {
         iface->in_pending = 1;
         ucs_arbiter_dispatch(&iface->arbiter, 1, uct_usnic_ep_do_pending,
@@ -472,6 +492,11 @@ static void uct_usnic_iface_async_timer(int id, ucs_event_set_types_t events,
 
     if (!ucs_list_is_empty(&iface->ack_streams)) {
         uct_usnic_rx_send_acks(iface);
+    }
+
+    /* Peer timeouts are found even while nobody progresses the iface */
+    if (!ucs_list_is_empty(&iface->active_eps)) {
+        uct_usnic_tx_check_timeouts(iface);
     }
 }
 
@@ -821,6 +846,7 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
     iface->config.rto_min           = ucs_time_from_sec(config->rto_min);
     iface->config.rto_max           = ucs_time_from_sec(config->rto_max);
     iface->config.max_resend        = config->max_resend;
+    iface->config.timeout           = ucs_time_from_sec(config->timeout);
 }
 
 /*
@@ -917,6 +943,7 @@ static uct_iface_ops_t uct_usnic_iface_ops = {
     .ep_pending_add           = uct_usnic_ep_pending_add,
     .ep_pending_purge         = uct_usnic_ep_pending_purge,
     .ep_flush                 = uct_usnic_ep_flush,
+    .ep_check                 = uct_usnic_ep_check,
     .ep_fence                 = uct_base_ep_fence,
     .ep_create                = UCS_CLASS_NEW_FUNC_NAME(uct_usnic_ep_t),
     .ep_destroy               = UCS_CLASS_DELETE_FUNC_NAME(uct_usnic_ep_t),
@@ -933,12 +960,14 @@ static uct_iface_ops_t uct_usnic_iface_ops = {
                                         uct_usnic_iface_is_reachable_v2)
 };
 
+UCT_USNIC_EP_INVALIDATE_ADAPTER(uct_usnic_ep_invalidate)
+
 static uct_iface_internal_ops_t uct_usnic_iface_internal_ops =
         UCT_USNIC_IFACE_INTERNAL_OPS(uct_base_iface_estimate_perf,
                                      uct_usnic_iface_is_reachable_v2,
                                      uct_usnic_ep_is_connected,
-                                     UCT_USNIC_STUB(uct_ep_invalidate_func_t,
-                                                    ucs_empty_function_return_unsupported));
+                                     UCT_USNIC_EP_INVALIDATE(
+                                             uct_usnic_ep_invalidate));
 
 static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
                            uct_worker_h worker,
@@ -1011,6 +1040,7 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     kh_init_inplace(uct_usnic_peers, &self->peers);
     ucs_arbiter_init(&self->arbiter);
     ucs_list_head_init(&self->active_eps);
+    ucs_list_head_init(&self->failed_eps);
     ucs_list_head_init(&self->ack_streams);
 
     status = uct_usnic_iface_init_buffers(self, md, params, config);

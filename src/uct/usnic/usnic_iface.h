@@ -107,6 +107,7 @@ typedef struct uct_usnic_iface_config {
     double                   rto_min;
     double                   rto_max;
     double                   async_tick;
+    double                   timeout;
     unsigned                 max_resend;
     int                      checksum;
     uct_usnic_fault_config_t fault;
@@ -132,6 +133,8 @@ typedef struct uct_usnic_iface {
     khash_t(uct_usnic_peers) peers;        /* peer incarnation -> peer */
     ucs_arbiter_t           arbiter;       /* eps with pending requests */
     ucs_list_link_t         active_eps;    /* eps with unacked packets */
+    ucs_list_link_t         failed_eps;    /* eps whose failure is still to
+                                              be reported, from progress */
     ucs_list_link_t         ack_streams;   /* streams owing an ACK */
     unsigned                tx_outstanding; /* Unacked packets, all eps */
     int                     in_pending;    /* Dispatching pending requests */
@@ -165,6 +168,7 @@ typedef struct uct_usnic_iface {
         ucs_time_t          rto_min;
         ucs_time_t          rto_max;
         unsigned            max_resend;
+        ucs_time_t          timeout;       /* Peer failure */
     } config;
     struct {
         uint64_t            rx_drop[UCT_USNIC_RX_DROP_LAST];

@@ -39,6 +39,7 @@ typedef enum {
     UCT_USNIC_PKT_AM    = 1, /* Active message (fragment), data channel */
     UCT_USNIC_PKT_ACK   = 2, /* Acknowledgement, priority channel */
     UCT_USNIC_PKT_PUT   = 3, /* Remote write (fragment), data channel */
+    UCT_USNIC_PKT_PROBE = 4, /* Asks for an ACK (ep_check), data channel */
     UCT_USNIC_PKT_LAST
 } uct_usnic_pkt_type_t;
 

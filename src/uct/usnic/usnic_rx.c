@@ -289,6 +289,8 @@ uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
         if (hdr->type == UCT_USNIC_PKT_PUT) {
             type     = UCT_USNIC_PKT_PUT;
             min_body = sizeof(uct_usnic_put_ext_t);
+        } else if (hdr->type == UCT_USNIC_PKT_PROBE) {
+            type     = UCT_USNIC_PKT_PROBE;
         }
     }
 
@@ -393,6 +395,8 @@ uct_usnic_rx_in_order(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
     if (hdr->type == UCT_USNIC_PKT_PUT) {
         uct_usnic_rx_put(iface, stream, hdr + 1, body_len);
         return UCS_OK;
+    } else if (hdr->type == UCT_USNIC_PKT_PROBE) {
+        return UCS_OK; /* Acknowledged like any packet, nothing to deliver */
     }
 
     return uct_usnic_rx_deliver(iface, stream, desc, hdr, (void*)(hdr + 1),

@@ -118,6 +118,7 @@ void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
 
     if (ep->tx_count++ == 0) {
         ucs_list_add_tail(&iface->active_eps, &ep->active_list);
+        ep->progress_time = ucs_get_time();
     }
     ++iface->tx_outstanding;
     ++iface->stats.tx_packets;
@@ -351,6 +352,10 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
         ++acked;
     }
 
+    if (acked > 0) {
+        ep->progress_time = now;
+    }
+
     /* One sample per ACK, from the newest packet it covers. Progress
      * means the path works: drop the backoff of earlier timeouts */
     if ((acked > 0) && clean_sample) {
@@ -388,6 +393,15 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
     int resend_all = 0;
     int checked    = 0;
     uct_usnic_tx_desc_t *desc;
+
+    if (ucs_unlikely((now - ep->progress_time) > iface->config.timeout)) {
+        uct_usnic_ep_fail(ep, UCS_ERR_ENDPOINT_TIMEOUT);
+        return 0;
+    }
+
+    if (ucs_unlikely(ep->status != UCS_OK)) {
+        return 0; /* Its packets go when the failure is reported */
+    }
 
     ucs_queue_for_each(desc, &ep->window, queue) {
         if ((count >= budget) ||
@@ -444,4 +458,16 @@ unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface)
     }
 
     return count;
+}
+
+void uct_usnic_tx_check_timeouts(uct_usnic_iface_t *iface)
+{
+    ucs_time_t now = ucs_get_time();
+    uct_usnic_ep_t *ep;
+
+    ucs_list_for_each(ep, &iface->active_eps, active_list) {
+        if ((now - ep->progress_time) > iface->config.timeout) {
+            uct_usnic_ep_fail(ep, UCS_ERR_ENDPOINT_TIMEOUT);
+        }
+    }
 }
