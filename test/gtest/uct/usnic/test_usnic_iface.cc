@@ -252,6 +252,7 @@ UCS_TEST_P(test_usnic_iface, bad_config_values) {
         {"MAX_BCOPY", "8m"},
         {"PUT_MAX_BCOPY", "8m"},
         {"ASYNC_TICK", "0"},
+        {"TIMEOUT", "0"},
         {"FAULT_DROP", "1.5"},
         {"FAULT_CORRUPT", "-0.1"}
     };
