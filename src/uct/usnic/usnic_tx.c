@@ -451,8 +451,13 @@ unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface)
     ucs_list_for_each(ep, &iface->active_eps, active_list) {
         count += uct_usnic_tx_ep_timers(iface, ep, now, budget - count);
         if (count >= budget) {
-            /* Come back soon for the rest, the fairest we can be cheaply */
+            /* Come back soon, starting with the next ep: with many eps
+             * busy, the first ones must not use up every call's budget */
             iface->next_timer_check = now;
+            if (ep->active_list.next != &iface->active_eps) {
+                ucs_list_del(&iface->active_eps);
+                ucs_list_insert_after(&ep->active_list, &iface->active_eps);
+            }
             break;
         }
     }
