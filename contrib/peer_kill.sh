@@ -58,6 +58,8 @@ for _ in $(seq 200); do
     [ -n "${first}" ] && break
     sleep 0.1
 done
+# The client's pid is timeout's, whose child is ucx_perftest
+pkill -KILL -P "${client_pid}" 2>/dev/null || true
 kill -KILL "${client_pid}" 2>/dev/null || true
 wait "${client_pid}" 2>/dev/null || true
 
