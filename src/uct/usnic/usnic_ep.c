@@ -509,7 +509,12 @@ ucs_status_t uct_usnic_ep_check(uct_ep_h tl_ep, unsigned flags,
 
 ucs_status_t uct_usnic_ep_invalidate(uct_ep_h tl_ep)
 {
-    uct_usnic_ep_fail(ucs_derived_of(tl_ep, uct_usnic_ep_t),
-                      UCS_ERR_ENDPOINT_TIMEOUT);
+    uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+
+    /* The async timer may be failing eps at the same time */
+    uct_usnic_iface_enter(iface);
+    uct_usnic_ep_fail(ep, UCS_ERR_ENDPOINT_TIMEOUT);
+    uct_usnic_iface_leave(iface);
     return UCS_OK;
 }

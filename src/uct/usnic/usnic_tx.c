@@ -137,9 +137,11 @@ static void uct_usnic_tx_desc_release(uct_usnic_iface_t *iface,
     if (desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT) {
         --ep->unsent;
     }
-    --ep->tx_count;
     --iface->tx_outstanding;
     ucs_mpool_put_inline(desc);
+    if (--ep->tx_count == 0) {
+        ucs_list_del(&ep->active_list);
+    }
 }
 
 static void uct_usnic_tx_flush_complete(uct_usnic_ep_t *ep, int all,
@@ -162,28 +164,15 @@ static void uct_usnic_tx_flush_complete(uct_usnic_ep_t *ep, int all,
     }
 }
 
-static void uct_usnic_tx_window_empty(uct_usnic_iface_t *iface,
-                                      uct_usnic_ep_t *ep)
-{
-    if (ep->tx_count == 0) {
-        ucs_list_del(&ep->active_list);
-    }
-}
-
 void uct_usnic_tx_window_purge(uct_usnic_ep_t *ep, ucs_status_t status)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
-    unsigned count           = ep->tx_count;
     uct_usnic_tx_desc_t *desc;
 
     while (!ucs_queue_is_empty(&ep->window)) {
         desc = ucs_queue_pull_elem_non_empty(&ep->window, uct_usnic_tx_desc_t,
                                              queue);
         uct_usnic_tx_desc_release(iface, ep, desc);
-    }
-
-    if (count > 0) {
-        uct_usnic_tx_window_empty(iface, ep);
     }
     ep->acked_psn = ep->next_psn - 1;
     uct_usnic_tx_flush_complete(ep, 1, status);
@@ -366,9 +355,7 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
 
     ep->acked_psn = ack_psn;
     uct_usnic_tx_cwnd_grow(iface, ep, acked);
-    if (ep->tx_count == 0) {
-        uct_usnic_tx_window_empty(iface, ep);
-    } else if (sack != 0) {
+    if ((ep->tx_count > 0) && (sack != 0)) {
         uct_usnic_tx_handle_sack(iface, ep, sack, now);
     }
 

@@ -212,3 +212,68 @@ UCS_TEST_P(test_usnic_failure, live_peer_never_fails) {
 }
 
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_failure, usnic)
+
+
+/*
+ * Duplicated ACKs reach eps whose windows are already empty; they must not
+ * put any ep back among those the timers watch, where an idle ep would be
+ * declared dead after the timeout.
+ */
+class test_usnic_failure_stale_acks : public test_usnic_failure {
+protected:
+    static const unsigned NUM_EPS = 4;
+
+    void init()
+    {
+        test_usnic_failure::init();
+        for (unsigned i = 1; i < NUM_EPS; ++i) {
+            m_sender->connect(i, *m_receiver, 0);
+        }
+    }
+
+    /* What the receiver sent last for this ep, once more */
+    void duplicate_last_ack(unsigned index)
+    {
+        uct_usnic_ep_t *ep       = ucs_derived_of(m_sender->ep(index),
+                                                  uct_usnic_ep_t);
+        uct_usnic_iface_t *iface = ucs_derived_of(m_sender->iface(),
+                                                  uct_usnic_iface_t);
+        uct_usnic_ack_ext_t ack;
+
+        ack.ep_id     = ep->id;
+        ack.ep_serial = ep->serial;
+        ack.stream_id = ep->peer_stream_id;
+        ack.psn       = ep->acked_psn;
+        uct_usnic_iface_enter(iface);
+        uct_usnic_tx_handle_ack(iface, &ack, ep->peer_incarnation, 0);
+        uct_usnic_iface_leave(iface);
+    }
+};
+
+UCS_TEST_P(test_usnic_failure_stale_acks, idle_eps_stay_alive) {
+    uct_usnic_iface_t *iface = ucs_derived_of(m_sender->iface(),
+                                              uct_usnic_iface_t);
+    uint64_t header          = 0;
+
+    for (unsigned i = 0; i < NUM_EPS; ++i) {
+        ASSERT_UCS_OK(uct_ep_am_short(m_sender->ep(i), AM_ID, header, NULL,
+                                      0));
+    }
+    for (unsigned i = 0; i < NUM_EPS; ++i) {
+        while (uct_ep_flush(m_sender->ep(i), 0, NULL) != UCS_OK) {
+            progress();
+        }
+    }
+    ASSERT_TRUE(ucs_list_is_empty(&iface->active_eps));
+
+    for (unsigned i = 0; i < NUM_EPS; ++i) {
+        duplicate_last_ack(i);
+        EXPECT_TRUE(ucs_list_is_empty(&iface->active_eps)) << "ep " << i;
+    }
+
+    progress_for(1.5);
+    EXPECT_TRUE(m_failures.empty());
+    EXPECT_EQ(unsigned(NUM_EPS), m_received);
+}
+
+_UCT_INSTANTIATE_TEST_CASE(test_usnic_failure_stale_acks, usnic)
