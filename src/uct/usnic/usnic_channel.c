@@ -17,6 +17,7 @@
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
+#include <unistd.h>
 
 
 /* Completions read from a CQ in one call */
@@ -217,10 +218,78 @@ unsigned uct_usnic_channel_progress(uct_usnic_channel_t *channel,
     return count;
 }
 
+/* Whether nobody is bound to this address and port */
+static int uct_usnic_channel_port_is_free(const struct sockaddr_in *addr)
+{
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    int ret;
+
+    if (fd < 0) {
+        return 0;
+    }
+
+    ret = bind(fd, (const struct sockaddr*)addr, sizeof(*addr));
+    close(fd);
+    return ret == 0;
+}
+
+/*
+ * Create the endpoint on the first free port of the range. Ports are probed
+ * with a plain socket first: a provider whose bind fails may leave its
+ * socket behind.
+ */
+static int uct_usnic_channel_endpoint_in_range(uct_usnic_channel_t *channel,
+                                               const struct fi_info *info,
+                                               struct fid_domain *domain,
+                                               const ucs_range_spec_t *ports)
+{
+    int ret = -FI_EADDRINUSE;
+    struct fi_info *bound_info;
+    struct sockaddr_in *addr;
+    unsigned port;
+
+    if ((info->src_addr == NULL) ||
+        (info->src_addrlen != sizeof(struct sockaddr_in))) {
+        ucs_error("%s: the provider has no IPv4 source address to bind to "
+                  "a port of %sUSNIC_PORT_RANGE", channel->name,
+                  UCS_DEFAULT_ENV_PREFIX);
+        return -FI_EINVAL;
+    }
+
+    bound_info = fi_dupinfo(info);
+    if (bound_info == NULL) {
+        return -FI_ENOMEM;
+    }
+
+    addr = bound_info->src_addr;
+    for (port = ports->first; port <= ports->last; ++port) {
+        addr->sin_port = htons(port);
+        if (uct_usnic_channel_port_is_free(addr)) {
+            ret = fi_endpoint(domain, bound_info, &channel->ep, NULL);
+            if (ret != -FI_EADDRINUSE) {
+                break; /* else taken since the probe */
+            }
+        }
+    }
+
+    fi_freeinfo(bound_info);
+    if (ret == -FI_EADDRINUSE) {
+        ucs_error("%s: no free port in %sUSNIC_PORT_RANGE=%u-%u",
+                  channel->name, UCS_DEFAULT_ENV_PREFIX, ports->first,
+                  ports->last);
+    } else if (ret != 0) {
+        ucs_error("%s: fi_endpoint on port %u of %sUSNIC_PORT_RANGE failed: "
+                  "%s", channel->name, port, UCS_DEFAULT_ENV_PREFIX,
+                  fi_strerror(-ret));
+    }
+    return ret;
+}
+
 static ucs_status_t uct_usnic_channel_open_ep(uct_usnic_channel_t *channel,
                                               const struct fi_info *info,
                                               struct fid_domain *domain,
                                               struct fid_av *av,
+                                              const ucs_range_spec_t *ports,
                                               unsigned cq_size)
 {
     struct fi_cq_attr cq_attr = {
@@ -238,11 +307,18 @@ static ucs_status_t uct_usnic_channel_open_ep(uct_usnic_channel_t *channel,
         return UCS_ERR_IO_ERROR;
     }
 
-    ret = fi_endpoint(domain, (struct fi_info*)info, &channel->ep, NULL);
-    if (ret != 0) {
-        ucs_error("%s: fi_endpoint failed: %s", channel->name,
-                  fi_strerror(-ret));
-        goto err_close_cq;
+    if (ports->first != 0) {
+        if (uct_usnic_channel_endpoint_in_range(channel, info, domain,
+                                                ports) != 0) {
+            goto err_close_cq;
+        }
+    } else {
+        ret = fi_endpoint(domain, (struct fi_info*)info, &channel->ep, NULL);
+        if (ret != 0) {
+            ucs_error("%s: fi_endpoint failed: %s", channel->name,
+                      fi_strerror(-ret));
+            goto err_close_cq;
+        }
     }
 
     ret = fi_ep_bind(channel->ep, &av->fid, 0);
@@ -356,6 +432,7 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
     }
 
     status = uct_usnic_channel_open_ep(channel, info, md->domain, av,
+                                       params->port_range,
                                        params->rx_queue_len +
                                        params->tx_queue_len);
     if (status != UCS_OK) {

@@ -63,6 +63,7 @@ typedef struct uct_usnic_channel_params {
     size_t                    am_offset;
     const uct_iface_params_t  *am_params;
     const uct_iface_mpool_config_t *rx_mpool;
+    const ucs_range_spec_t    *port_range;  /* 0-0: any port */
     uct_usnic_channel_rx_cb_t rx_cb;
     int                       checksum;     /* End-to-end checksum */
     unsigned                  id;           /* For the fault injector */

@@ -151,6 +151,15 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      "UCS_ERR_ENDPOINT_TIMEOUT through the iface's error handler.",
      ucs_offsetof(uct_usnic_iface_config_t, timeout), UCS_CONFIG_TYPE_TIME},
 
+    {"PORT_RANGE", "0",
+     "UDP ports the channels bind to, tried in order, a free one for each\n"
+     "channel (priority channel first); 0 lets the operating system choose.\n"
+     "A fixed range is what a firewall can open, and brings a restarted\n"
+     "process back on the ports its peers knew. Every iface on the host needs\n"
+     "two ports of the range.",
+     ucs_offsetof(uct_usnic_iface_config_t, port_range),
+     UCS_CONFIG_TYPE_RANGE_SPEC},
+
     {"CHECKSUM", "n",
      "End-to-end checksum on every datagram: for links whose own checksums\n"
      "cannot be trusted, and to test with UCX_USNIC_FAULT_CORRUPT or\n"
@@ -280,6 +289,15 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
         ucs_error("%s=%g must be at least %s=%g (seconds)",
                   UCT_USNIC_CONFIG_VAR("TIMEOUT"), config->timeout,
                   UCT_USNIC_CONFIG_VAR("RTO_MAX"), config->rto_max);
+        return UCS_ERR_INVALID_PARAM;
+    }
+
+    if ((config->port_range.first > config->port_range.last) ||
+        (config->port_range.last > UINT16_MAX) ||
+        ((config->port_range.first == 0) && (config->port_range.last != 0))) {
+        ucs_error("%s=%u-%u is not a range of UDP ports",
+                  UCT_USNIC_CONFIG_VAR("PORT_RANGE"), config->port_range.first,
+                  config->port_range.last);
         return UCS_ERR_INVALID_PARAM;
     }
 
@@ -696,6 +714,7 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
                                      (config->checksum ?
                                       UCT_USNIC_CHECKSUM_LEN : 0);
         ch_params[id].rx_mpool     = &config->rx_mpool;
+        ch_params[id].port_range   = &config->port_range;
         ch_params[id].checksum     = config->checksum;
         ch_params[id].id           = id;
         ch_params[id].fault        = &config->fault;

@@ -109,6 +109,7 @@ typedef struct uct_usnic_iface_config {
     double                   async_tick;
     double                   timeout;
     unsigned                 max_resend;
+    ucs_range_spec_t         port_range;
     int                      checksum;
     uct_usnic_fault_config_t fault;
     uct_iface_mpool_config_t rx_mpool;

@@ -11,6 +11,8 @@ extern "C" {
 #include <uct/usnic/usnic_ep.h>
 }
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <vector>
@@ -277,3 +279,202 @@ UCS_TEST_P(test_usnic_failure_stale_acks, idle_eps_stay_alive) {
 }
 
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_failure_stale_acks, usnic)
+
+
+/*
+ * A peer restarted on the same ports is a new incarnation: what was meant for
+ * the old one (resent data, ACKs it owed) is dropped as stale and never
+ * delivered, the endpoint to the old one fails, and new endpoints work.
+ */
+class test_usnic_restart : public uct_test {
+protected:
+    static const uint8_t AM_ID = 4;
+
+    void init()
+    {
+        modify_config("TIMEOUT", "1s", IGNORE_IF_NOT_EXIST);
+        modify_config("USNIC_TIMEOUT", "1s", IGNORE_IF_NOT_EXIST);
+        uct_test::init();
+
+        m_stable = create_entity(0, error_handler);
+        m_entities.push_back(m_stable);
+        set_handler(m_stable, &m_stable_rx);
+
+        /* Only the restarting peer has fixed ports */
+        unsigned port = free_port_pair();
+        std::string range = ucs::to_string(port) + "-" +
+                            ucs::to_string(port + 1);
+        modify_config("PORT_RANGE", range, IGNORE_IF_NOT_EXIST);
+        modify_config("USNIC_PORT_RANGE", range, IGNORE_IF_NOT_EXIST);
+        m_peer = start_peer();
+    }
+
+    static bool port_is_free(unsigned port)
+    {
+        struct sockaddr_in addr = {};
+        int fd                  = socket(AF_INET, SOCK_DGRAM, 0);
+        bool is_free;
+
+        addr.sin_family = AF_INET;
+        addr.sin_port   = htons(port);
+        is_free         = (bind(fd, (struct sockaddr*)&addr, sizeof(addr)) == 0);
+        close(fd);
+        return is_free;
+    }
+
+    static unsigned free_port_pair()
+    {
+        unsigned port = 20000 + ucs::rand() % 40000;
+
+        while (!port_is_free(port) || !port_is_free(port + 1)) {
+            port += 2;
+        }
+        return port;
+    }
+
+    void set_handler(entity *e, std::vector<uint64_t> *log)
+    {
+        ASSERT_UCS_OK(uct_iface_set_am_handler(e->iface(), AM_ID, am_handler,
+                                               log, 0));
+    }
+
+    entity *start_peer()
+    {
+        entity *peer = create_entity(0);
+
+        m_entities.push_back(peer);
+        set_handler(peer, &m_peer_rx);
+        return peer;
+    }
+
+    static ucs_status_t am_handler(void *arg, void *data, size_t length,
+                                   unsigned flags)
+    {
+        ((std::vector<uint64_t>*)arg)->push_back(*(uint64_t*)data);
+        return UCS_OK;
+    }
+
+    static ucs_status_t error_handler(void *arg, uct_ep_h ep,
+                                      ucs_status_t status)
+    {
+        test_usnic_restart *self = (test_usnic_restart*)arg;
+
+        EXPECT_EQ(UCS_ERR_ENDPOINT_TIMEOUT, status);
+        self->m_failed_eps.push_back(ep);
+        return UCS_OK;
+    }
+
+    static uct_usnic_iface_t *usnic_iface(entity *e)
+    {
+        return ucs_derived_of(e->iface(), uct_usnic_iface_t);
+    }
+
+    void send(uct_ep_h ep, uint64_t first, unsigned count)
+    {
+        for (uint64_t seq = first; seq < first + count; ++seq) {
+            ASSERT_UCS_OK(uct_ep_am_short(ep, AM_ID, seq, NULL, 0));
+        }
+    }
+
+    void flush(uct_ep_h ep)
+    {
+        while (uct_ep_flush(ep, 0, NULL) != UCS_OK) {
+            progress();
+        }
+    }
+
+    void progress_for(double seconds)
+    {
+        ucs_time_t end = ucs_get_time() + ucs_time_from_sec(seconds);
+
+        while (ucs_get_time() < end) {
+            progress();
+        }
+    }
+
+    static std::vector<uint64_t> sequence(uint64_t first, unsigned count)
+    {
+        std::vector<uint64_t> seqs;
+
+        for (uint64_t seq = first; seq < first + count; ++seq) {
+            seqs.push_back(seq);
+        }
+        return seqs;
+    }
+
+    entity                *m_stable;
+    entity                *m_peer;
+    std::vector<uint64_t> m_stable_rx;
+    std::vector<uint64_t> m_peer_rx;
+    std::vector<uct_ep_h> m_failed_eps;
+};
+
+UCS_TEST_P(test_usnic_restart, new_incarnation_gets_no_stale_data) {
+    entity *old_peer = m_peer;
+    uint16_t ports[UCT_USNIC_CHANNEL_LAST];
+    uct_usnic_iface_t *peer_iface;
+
+    m_stable->connect(0, *old_peer, 0);
+    old_peer->connect(0, *m_stable, 0);
+    send(m_stable->ep(0), 0, 10);
+    send(old_peer->ep(0), 0, 10);
+    flush(m_stable->ep(0));
+    flush(old_peer->ep(0));
+    EXPECT_EQ(sequence(0, 10), m_peer_rx);
+    for (int id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
+        ports[id] = usnic_iface(old_peer)->channels[id].addr.sin_port;
+    }
+
+    /* The peer dies with data on its way to it and ACKs it owes */
+    scoped_log_handler slh(hide_errors_logger);
+    send(m_stable->ep(0), 10, 5);
+    send(old_peer->ep(0), 10, 5);
+    m_entities.remove(old_peer);
+    m_peer_rx.clear();
+
+    m_peer     = start_peer();
+    peer_iface = usnic_iface(m_peer);
+    for (int id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
+        ASSERT_EQ(ports[id], peer_iface->channels[id].addr.sin_port);
+    }
+
+    /* A new ep reaches the new incarnation first, so that its stream there
+     * may get the id the stale packets name */
+    m_stable->connect(1, *m_peer, 0);
+    send(m_stable->ep(1), 100, 3);
+    while (m_peer_rx.size() < 3) {
+        m_peer->progress();
+    }
+
+    /* The stable side takes in what the old peer sent, and keeps resending
+     * to it: the new incarnation drops it all */
+    progress_for(0.5);
+    EXPECT_EQ(sequence(0, 15), m_stable_rx);
+    EXPECT_EQ(sequence(100, 3), m_peer_rx);
+    EXPECT_GT(peer_iface->stats.rx_drop[UCT_USNIC_RX_DROP_STALE], 0u);
+
+    /* The ep to the old incarnation fails, within the timeout plus 1 s */
+    ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(2.0);
+    while (m_failed_eps.empty() && (ucs_get_time() < deadline)) {
+        progress();
+    }
+    ASSERT_EQ(1u, m_failed_eps.size());
+    EXPECT_EQ(m_stable->ep(0), m_failed_eps[0]);
+
+    /* The new eps, both ways, carry data exactly once and in order, past
+     * the sequence numbers the stale packets had */
+    m_peer->connect(0, *m_stable, 0);
+    send(m_stable->ep(1), 103, 20);
+    send(m_peer->ep(0), 100, 10);
+    flush(m_stable->ep(1));
+    flush(m_peer->ep(0));
+    progress_for(0.1);
+    EXPECT_EQ(sequence(100, 23), m_peer_rx);
+    std::vector<uint64_t> expected = sequence(0, 15);
+    std::vector<uint64_t> fresh    = sequence(100, 10);
+    expected.insert(expected.end(), fresh.begin(), fresh.end());
+    EXPECT_EQ(expected, m_stable_rx);
+    EXPECT_EQ(1u, m_failed_eps.size());
+}
+
+_UCT_INSTANTIATE_TEST_CASE(test_usnic_restart, usnic)

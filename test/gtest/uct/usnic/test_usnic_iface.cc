@@ -253,6 +253,9 @@ UCS_TEST_P(test_usnic_iface, bad_config_values) {
         {"PUT_MAX_BCOPY", "8m"},
         {"ASYNC_TICK", "0"},
         {"TIMEOUT", "0"},
+        {"PORT_RANGE", "9000-8000"},
+        {"PORT_RANGE", "70000-70001"},
+        {"PORT_RANGE", "45678"}, /* one port for two channels */
         {"FAULT_DROP", "1.5"},
         {"FAULT_CORRUPT", "-0.1"}
     };
