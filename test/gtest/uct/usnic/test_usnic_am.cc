@@ -676,9 +676,12 @@ protected:
         return count;
     }
 
-    /* Stream messages of every size, short and bcopy, through the faults */
-    entity *stream(const config_t &faults, size_t count)
+    /* Stream messages of every size, short and bcopy, through the faults:
+     * count of them, and more until the given time has passed */
+    entity *stream(const config_t &faults, size_t count, double seconds = 0)
     {
+        ucs_time_t end;
+
         for (const auto &var : faults) {
             set_usnic_config(var.first, var.second);
         }
@@ -695,7 +698,8 @@ protected:
         }
 
         m_keep_descs = true;
-        for (size_t i = 0; i < count; ++i) {
+        end          = ucs_get_time() + ucs_time_from_sec(seconds);
+        for (size_t i = 0; (i < count) || (ucs_get_time() < end); ++i) {
             bool bcopy = (i % 3) != 0;
             size_t max = bcopy ? max_bcopy() : max_short();
             send(sender, 0, sizeof(message) + ucs::rand() %
@@ -777,6 +781,22 @@ UCS_TEST_P(test_usnic_faults, everything_at_once) {
             {"FAULT_CORRUPT", "0.05"},
             {"FAULT_TRUNCATE", "0.05"}},
            3000 / ucs::test_time_multiplier());
+}
+
+/* For memory checkers: USNIC_TEST_STREAM_SECONDS (default 2) of streaming
+ * under light faults, which exercise every recovery path */
+UCS_TEST_P(test_usnic_faults, timed_stream) {
+    const char *env = getenv("USNIC_TEST_STREAM_SECONDS");
+    double seconds  = (env != NULL) ? atof(env) : 2.0;
+
+    stream({{"CHECKSUM", "y"},
+            {"FAULT_DROP", "0.01"},
+            {"FAULT_DUPLICATE", "0.01"},
+            {"FAULT_REORDER", "0.01"},
+            {"FAULT_CORRUPT", "0.01"}},
+           0, seconds);
+    UCS_TEST_MESSAGE << m_sent << " messages in " << seconds << " s";
+    EXPECT_GT(m_sent, 0u);
 }
 
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_faults, usnic)
