@@ -382,6 +382,15 @@ static int uct_usnic_in_addr_is_loopback(uint32_t in_addr)
     return (ntohl(in_addr) >> 24) == IN_LOOPBACKNET;
 }
 
+int uct_usnic_dev_addr_reaches(const uct_usnic_device_addr_t *local,
+                               uint32_t in_addr)
+{
+    uint32_t mask = (local->prefix_len == 0) ? 0 :
+                    htonl(UINT32_MAX << (32 - local->prefix_len));
+
+    return (in_addr & mask) == (local->in_addr & mask);
+}
+
 static int
 uct_usnic_iface_is_reachable_v2(const uct_iface_h tl_iface,
                                 const uct_iface_is_reachable_params_t *params)
@@ -391,7 +400,6 @@ uct_usnic_iface_is_reachable_v2(const uct_iface_h tl_iface,
     const uct_usnic_device_addr_t *remote;
     const uct_usnic_iface_addr_t *if_addr;
     size_t dev_addr_len, iface_addr_len;
-    uint32_t mask;
 
     if (!uct_iface_is_reachable_params_valid(
                 params, UCT_IFACE_IS_REACHABLE_FIELD_DEVICE_ADDR)) {
@@ -431,20 +439,16 @@ uct_usnic_iface_is_reachable_v2(const uct_iface_h tl_iface,
     }
 
     /* 127.0.0.0/8 leads to the peer only inside the same network namespace */
-    if (uct_usnic_in_addr_is_loopback(local->in_addr) ||
-        uct_usnic_in_addr_is_loopback(remote->in_addr)) {
-        if (remote->ns_id != local->ns_id) {
-            uct_iface_fill_info_str_buf(params,
-                                        "loopback in another network "
-                                        "namespace or host");
-            return 0;
-        }
-        return 1;
+    if ((uct_usnic_in_addr_is_loopback(local->in_addr) ||
+         uct_usnic_in_addr_is_loopback(remote->in_addr)) &&
+        (remote->ns_id != local->ns_id)) {
+        uct_iface_fill_info_str_buf(params,
+                                    "loopback in another network namespace "
+                                    "or host");
+        return 0;
     }
 
-    mask = (local->prefix_len == 0) ? 0 :
-           htonl(UINT32_MAX << (32 - local->prefix_len));
-    if ((remote->in_addr & mask) != (local->in_addr & mask)) {
+    if (!uct_usnic_dev_addr_reaches(local, remote->in_addr)) {
         uct_iface_fill_info_str_buf(params, "different subnet");
         return 0;
     }

@@ -203,6 +203,12 @@ void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
 
 /* Keep the async timer out while the iface state and libfabric objects
  * are in use from the user's thread */
+/* Whether a peer with this IPv4 address can be on the device's network:
+ * its subnet (127.0.0.0/8 for loopback) */
+int uct_usnic_dev_addr_reaches(const uct_usnic_device_addr_t *local,
+                               uint32_t in_addr);
+
+
 static UCS_F_ALWAYS_INLINE void uct_usnic_iface_enter(uct_usnic_iface_t *iface)
 {
     UCS_ASYNC_BLOCK(iface->super.worker->async);

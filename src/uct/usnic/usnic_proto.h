@@ -48,7 +48,8 @@ enum {
     UCT_USNIC_PKT_FLAG_FIRST = UCS_BIT(0), /* First fragment of a message */
     UCT_USNIC_PKT_FLAG_LAST  = UCS_BIT(1), /* Last fragment of a message */
     UCT_USNIC_PKT_FLAG_OPEN  = UCS_BIT(2), /* Open trailer at the end */
-    UCT_USNIC_PKT_FLAG_ACK   = UCS_BIT(3)  /* ACK trailer after the payload */
+    UCT_USNIC_PKT_FLAG_ACK   = UCS_BIT(3), /* ACK trailer after the payload */
+    UCT_USNIC_PKT_FLAGS_ALL  = UCS_MASK(4)
 };
 
 

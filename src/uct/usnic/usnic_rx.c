@@ -146,6 +146,14 @@ uct_usnic_rx_stream_get(uct_usnic_iface_t *iface, const uct_usnic_hdr_t *hdr,
         return stream;
     }
 
+    /* ACKs will go where the trailer says: only to a peer that can be on
+     * this network */
+    if ((open->src_prio_port == 0) || (open->src_data_port == 0) ||
+        !uct_usnic_dev_addr_reaches(&iface->dev_addr, open->src_in_addr)) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+        return NULL;
+    }
+
     /* Every ep starts at PSN 1; an open trailer on a later PSN means the
      * start of the stream was lost and will be resent */
     stream = uct_usnic_rx_stream_create(iface, open, key, 1);
@@ -299,16 +307,19 @@ uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
         return NULL;
     }
 
-    if (ucs_unlikely(hdr->am_id >= UCT_AM_ID_MAX)) {
+    *body_len_p = length - sizeof(*hdr) - open_len - ack_len;
+    if (ucs_unlikely((hdr->flags & ~UCT_USNIC_PKT_FLAGS_ALL) ||
+                     (hdr->am_id >= ((type == UCT_USNIC_PKT_AM) ?
+                                     UCT_AM_ID_MAX : 1)) ||
+                     ((type == UCT_USNIC_PKT_PROBE) && (*body_len_p != 0)))) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
         return NULL;
     }
 
-    *open_p        = (open_len == 0) ? NULL :
-                     UCS_PTR_BYTE_OFFSET(data, length - open_len);
-    *ack_p         = (ack_len == 0) ? NULL :
-                     UCS_PTR_BYTE_OFFSET(data, length - open_len - ack_len);
-    *body_len_p    = length - sizeof(*hdr) - open_len - ack_len;
+    *open_p = (open_len == 0) ? NULL :
+              UCS_PTR_BYTE_OFFSET(data, length - open_len);
+    *ack_p  = (ack_len == 0) ? NULL :
+              UCS_PTR_BYTE_OFFSET(data, length - open_len - ack_len);
     return hdr;
 }
 
@@ -601,12 +612,22 @@ ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
     const uct_usnic_hdr_t *hdr = data;
     const uct_usnic_ack_body_t *body;
 
-    if (uct_usnic_rx_hdr_check(iface, hdr, length, UCT_USNIC_PKT_ACK,
-                               sizeof(uct_usnic_ack_body_t))) {
-        body = (const uct_usnic_ack_body_t*)(hdr + 1);
-        uct_usnic_tx_handle_ack(iface, &body->ack, body->src_incarnation,
-                                body->sack);
+    if (!uct_usnic_rx_hdr_check(iface, hdr, length, UCT_USNIC_PKT_ACK,
+                                sizeof(uct_usnic_ack_body_t))) {
+        return UCS_OK;
     }
+
+    /* An ACK has a fixed size and uses none of the header's stream fields */
+    if (ucs_unlikely((length != (sizeof(*hdr) + sizeof(*body))) ||
+                     (hdr->flags != 0) || (hdr->am_id != 0) ||
+                     (hdr->stream_id != 0) || (hdr->psn != 0))) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+        return UCS_OK;
+    }
+
+    body = (const uct_usnic_ack_body_t*)(hdr + 1);
+    uct_usnic_tx_handle_ack(iface, &body->ack, body->src_incarnation,
+                            body->sack);
     return UCS_OK;
 }
 

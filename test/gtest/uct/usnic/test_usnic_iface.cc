@@ -9,6 +9,7 @@
 
 extern "C" {
 #include <uct/usnic/usnic_iface.h>
+#include <uct/usnic/usnic_proto.h>
 }
 
 #include <arpa/inet.h>
@@ -351,5 +352,210 @@ UCS_TEST_P(test_usnic_iface, foreign_datagrams_dropped) {
     }
     EXPECT_EQ(expected, wait_for_drops(iface, expected));
 }
+
+/*
+ * Well-formed datagrams, and the same with one field wrong: each wrong one is
+ * dropped as invalid before it can create a stream, send an ACK or reach the
+ * AM handler.
+ */
+class test_usnic_iface_malformed : public test_usnic_iface {
+protected:
+    static const uint8_t AM_ID = 5;
+
+    struct am_datagram {
+        uct_usnic_hdr_t      hdr;
+        uint64_t             payload;
+        uct_usnic_open_ext_t open;
+    } UCS_S_PACKED;
+
+    struct ack_datagram {
+        uct_usnic_hdr_t      hdr;
+        uct_usnic_ack_body_t body;
+    } UCS_S_PACKED;
+
+    void init()
+    {
+        test_usnic_iface::init();
+        ASSERT_UCS_OK(uct_iface_set_am_handler(m_entity->iface(), AM_ID,
+                                               am_handler, this, 0));
+    }
+
+    static ucs_status_t am_handler(void *arg, void *data, size_t length,
+                                   unsigned flags)
+    {
+        ++((test_usnic_iface_malformed*)arg)->m_delivered;
+        return UCS_OK;
+    }
+
+    /* The first datagram of a new sender's stream: a one-datagram AM */
+    am_datagram am()
+    {
+        uct_usnic_iface_t *iface = usnic_iface(m_entity);
+        am_datagram dgram        = {};
+
+        dgram.hdr.version          = UCT_USNIC_PROTO_VERSION;
+        dgram.hdr.type             = UCT_USNIC_PKT_AM;
+        dgram.hdr.flags            = UCT_USNIC_PKT_FLAG_FIRST |
+                                     UCT_USNIC_PKT_FLAG_LAST |
+                                     UCT_USNIC_PKT_FLAG_OPEN;
+        dgram.hdr.am_id            = AM_ID;
+        dgram.hdr.incarnation      = iface->incarnation;
+        dgram.hdr.stream_id        = UCT_USNIC_STREAM_ID_NONE;
+        dgram.hdr.psn              = 1;
+        dgram.open.src_incarnation = 0x5eed;
+        dgram.open.src_ep_serial   = m_next_serial++;
+        dgram.open.src_in_addr     = htonl(INADDR_LOOPBACK);
+        dgram.open.src_prio_port   = htons(9);
+        dgram.open.src_data_port   = htons(9);
+        return dgram;
+    }
+
+    ack_datagram ack()
+    {
+        ack_datagram dgram = {};
+
+        dgram.hdr.version     = UCT_USNIC_PROTO_VERSION;
+        dgram.hdr.type        = UCT_USNIC_PKT_ACK;
+        dgram.hdr.incarnation = usnic_iface(m_entity)->incarnation;
+        dgram.body.ack.psn    = 1;
+        return dgram;
+    }
+
+    uint64_t drops(uct_usnic_rx_drop_t reason)
+    {
+        return usnic_iface(m_entity)->stats.rx_drop[reason];
+    }
+
+    /* Send and wait until the iface has dropped or taken it */
+    void send_and_wait(uct_usnic_channel_id_t id, const void *data,
+                       size_t length)
+    {
+        uct_usnic_iface_t *iface = usnic_iface(m_entity);
+        uint64_t seen            = iface->stats.rx_packets;
+        ucs_time_t deadline      = ucs_get_time() + ucs_time_from_sec(10);
+
+        for (int reason = 0; reason < UCT_USNIC_RX_DROP_LAST; ++reason) {
+            seen += iface->stats.rx_drop[reason];
+        }
+
+        send_datagram(iface, id, data, length);
+        for (;;) {
+            uint64_t now = iface->stats.rx_packets;
+            for (int reason = 0; reason < UCT_USNIC_RX_DROP_LAST; ++reason) {
+                now += iface->stats.rx_drop[reason];
+            }
+            if ((now > seen) || (ucs_get_time() > deadline)) {
+                break;
+            }
+            progress();
+        }
+    }
+
+    /* One wrong datagram: counted as invalid, and nothing else happens */
+    void expect_invalid(uct_usnic_channel_id_t id, const void *data,
+                        size_t length, const char *what)
+    {
+        uct_usnic_iface_t *iface = usnic_iface(m_entity);
+        uint64_t invalid         = drops(UCT_USNIC_RX_DROP_INVALID);
+        size_t streams           = kh_size(&iface->stream_hash);
+        unsigned delivered       = m_delivered;
+
+        send_and_wait(id, data, length);
+        EXPECT_EQ(invalid + 1, drops(UCT_USNIC_RX_DROP_INVALID)) << what;
+        EXPECT_EQ(streams, kh_size(&iface->stream_hash)) << what;
+        EXPECT_EQ(delivered, m_delivered) << what;
+    }
+
+    unsigned m_delivered   = 0;
+    uint32_t m_next_serial = 1;
+};
+
+UCS_TEST_P(test_usnic_iface_malformed, fields_checked) {
+    const uct_usnic_channel_id_t data = UCT_USNIC_CHANNEL_DATA;
+    const uct_usnic_channel_id_t prio = UCT_USNIC_CHANNEL_PRIO;
+    uct_usnic_iface_t *iface          = usnic_iface(m_entity);
+    am_datagram dgram;
+    ack_datagram ack_dgram;
+    uint8_t bytes[sizeof(dgram) + 8];
+
+    /* The well-formed ones: an AM opens a stream and is delivered; an ACK
+     * for no ep of ours is counted as such */
+    dgram = am();
+    send_and_wait(data, &dgram, sizeof(dgram));
+    EXPECT_EQ(1u, m_delivered);
+    EXPECT_EQ(1u, kh_size(&iface->stream_hash));
+    ack_dgram = ack();
+    send_and_wait(prio, &ack_dgram, sizeof(ack_dgram));
+    EXPECT_EQ(1u, drops(UCT_USNIC_RX_DROP_NO_STREAM));
+    EXPECT_EQ(0u, drops(UCT_USNIC_RX_DROP_INVALID));
+
+    dgram             = am();
+    dgram.hdr.version = UCT_USNIC_PROTO_VERSION + 1;
+    expect_invalid(data, &dgram, sizeof(dgram), "version");
+
+    dgram          = am();
+    dgram.hdr.type = UCT_USNIC_PKT_LAST;
+    expect_invalid(data, &dgram, sizeof(dgram), "type");
+
+    dgram          = am();
+    dgram.hdr.type = UCT_USNIC_PKT_ACK;
+    expect_invalid(data, &dgram, sizeof(dgram), "ACK on the data channel");
+
+    dgram           = am();
+    dgram.hdr.flags |= UCS_BIT(7);
+    expect_invalid(data, &dgram, sizeof(dgram), "unknown flag");
+
+    dgram           = am();
+    dgram.hdr.am_id = UCT_AM_ID_MAX;
+    expect_invalid(data, &dgram, sizeof(dgram), "AM id");
+
+    dgram           = am();
+    dgram.hdr.flags |= UCT_USNIC_PKT_FLAG_ACK;
+    expect_invalid(data, &dgram, sizeof(uct_usnic_hdr_t) +
+                   sizeof(uct_usnic_open_ext_t) + 4,
+                   "shorter than its trailers");
+
+    dgram          = am();
+    dgram.hdr.type = UCT_USNIC_PKT_PROBE;
+    dgram.hdr.am_id = 0;
+    expect_invalid(data, &dgram, sizeof(dgram), "probe with a body");
+
+    dgram          = am();
+    dgram.hdr.type = UCT_USNIC_PKT_PUT;
+    memset(bytes, 0, sizeof(bytes));
+    memcpy(bytes, &dgram.hdr, sizeof(dgram.hdr));
+    memcpy(bytes + sizeof(bytes) - sizeof(dgram.open), &dgram.open,
+           sizeof(dgram.open));
+    expect_invalid(data, bytes, sizeof(bytes), "put with an AM id");
+
+    dgram                  = am();
+    dgram.open.src_in_addr = inet_addr("198.18.5.5");
+    expect_invalid(data, &dgram, sizeof(dgram),
+                   "open trailer from another network");
+
+    dgram                    = am();
+    dgram.open.src_prio_port = 0;
+    expect_invalid(data, &dgram, sizeof(dgram), "open trailer, no ACK port");
+
+    ack_dgram         = ack();
+    ack_dgram.hdr.psn = 1;
+    expect_invalid(prio, &ack_dgram, sizeof(ack_dgram), "ACK with a psn");
+
+    ack_dgram           = ack();
+    ack_dgram.hdr.flags = UCT_USNIC_PKT_FLAG_FIRST;
+    expect_invalid(prio, &ack_dgram, sizeof(ack_dgram), "ACK with flags");
+
+    ack_dgram = ack();
+    memset(bytes, 0, sizeof(bytes));
+    memcpy(bytes, &ack_dgram, sizeof(ack_dgram));
+    expect_invalid(prio, bytes, sizeof(ack_dgram) + 1, "ACK too long");
+    expect_invalid(prio, bytes, sizeof(ack_dgram) - 1, "ACK too short");
+
+    /* Still the one stream and the one delivery */
+    EXPECT_EQ(1u, kh_size(&iface->stream_hash));
+    EXPECT_EQ(1u, m_delivered);
+}
+
+_UCT_INSTANTIATE_TEST_CASE(test_usnic_iface_malformed, usnic)
 
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_iface, usnic)
