@@ -101,7 +101,9 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
 
     {"WINDOW", "1024",
      "Datagrams an endpoint may have in flight without acknowledgement; also\n"
-     "the number of out-of-order datagrams a receiver keeps per stream.",
+     "the number of out-of-order datagrams a receiver keeps per stream. A\n"
+     "power of two, so that the receiver's reorder ring stays consistent\n"
+     "where sequence numbers wrap around.",
      ucs_offsetof(uct_usnic_iface_config_t, window), UCS_CONFIG_TYPE_UINT},
 
     {"MAX_BCOPY", "8k",
@@ -254,6 +256,12 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
     };
     const uct_usnic_config_range_t *range;
     int type;
+
+    if (!ucs_is_pow2(config->window)) {
+        ucs_error("%s=%u must be a power of two",
+                  UCT_USNIC_CONFIG_VAR("WINDOW"), config->window);
+        return UCS_ERR_INVALID_PARAM;
+    }
 
     for (range = ranges; range < ranges + ucs_static_array_size(ranges);
          ++range) {

@@ -31,6 +31,14 @@ static void uct_usnic_rx_schedule_ack(uct_usnic_iface_t *iface,
     }
 }
 
+/* Reorder ring slot of a PSN; the window is a power of two, so that PSNs
+ * less than a window apart never share a slot, even across the wrap */
+static UCS_F_ALWAYS_INLINE unsigned
+uct_usnic_rx_ooo_slot(const uct_usnic_iface_t *iface, uct_usnic_psn_t psn)
+{
+    return psn & (iface->config.window - 1);
+}
+
 static UCS_F_ALWAYS_INLINE uint32_t
 uct_usnic_rx_stream_peer(const uct_usnic_rx_stream_t *stream)
 {
@@ -419,13 +427,12 @@ static void uct_usnic_rx_drain_ooo(uct_usnic_iface_t *iface,
                                    uct_usnic_channel_t *channel,
                                    uct_usnic_rx_stream_t *stream)
 {
-    unsigned window = iface->config.window;
     const uct_usnic_hdr_t *hdr;
     uct_usnic_rx_desc_t *desc;
     unsigned slot;
 
     while (stream->ooo_count > 0) {
-        slot = stream->expected_psn % window;
+        slot = uct_usnic_rx_ooo_slot(iface, stream->expected_psn);
         desc = stream->ooo[slot];
         if (desc == NULL) {
             break;
@@ -451,7 +458,7 @@ static ucs_status_t uct_usnic_rx_keep_ooo(uct_usnic_iface_t *iface,
                                           uct_usnic_psn_t psn)
 {
     unsigned window = iface->config.window;
-    unsigned slot   = psn % window;
+    unsigned slot   = uct_usnic_rx_ooo_slot(iface, psn);
 
     if ((psn - stream->expected_psn) >= window) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_OUT_OF_WINDOW);
@@ -571,7 +578,8 @@ static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
 
     if (stream->ooo_count > 0) {
         for (i = 0; i < ucs_min(64, window - 1); ++i) {
-            if (stream->ooo[(stream->expected_psn + 1 + i) % window] != NULL) {
+            if (stream->ooo[uct_usnic_rx_ooo_slot(
+                        iface, stream->expected_psn + 1 + i)] != NULL) {
                 packet.body.sack |= UCS_BIT(i);
             }
         }

@@ -9,6 +9,7 @@
 
 extern "C" {
 #include <uct/usnic/usnic_ep.h>
+#include <uct/usnic/usnic_rx.h>
 }
 
 #include <algorithm>
@@ -676,12 +677,9 @@ protected:
         return count;
     }
 
-    /* Stream messages of every size, short and bcopy, through the faults:
-     * count of them, and more until the given time has passed */
-    entity *stream(const config_t &faults, size_t count, double seconds = 0)
+    /* A receiver and a sender with the faults on */
+    entity *start(const config_t &faults)
     {
-        ucs_time_t end;
-
         for (const auto &var : faults) {
             set_usnic_config(var.first, var.second);
         }
@@ -696,6 +694,14 @@ protected:
                 break;
             }
         }
+        return sender;
+    }
+
+    /* Stream messages of every size, short and bcopy: count of them, and
+     * more until the given time has passed */
+    void stream_messages(entity *sender, size_t count, double seconds = 0)
+    {
+        ucs_time_t end;
 
         m_keep_descs = true;
         end          = ucs_get_time() + ucs_time_from_sec(seconds);
@@ -707,6 +713,13 @@ protected:
                  bcopy);
         }
         wait_all_received();
+    }
+
+    entity *stream(const config_t &faults, size_t count, double seconds = 0)
+    {
+        entity *sender = start(faults);
+
+        stream_messages(sender, count, seconds);
         return sender;
     }
 
@@ -781,6 +794,32 @@ UCS_TEST_P(test_usnic_faults, everything_at_once) {
             {"FAULT_CORRUPT", "0.05"},
             {"FAULT_TRUNCATE", "0.05"}},
            3000 / ucs::test_time_multiplier());
+}
+
+/* Sequence numbers that wrap around 2^32 mid-stream, with losses and
+ * reordering around the wrap */
+UCS_TEST_P(test_usnic_faults, sequence_numbers_wrap) {
+    const uct_usnic_psn_t start_psn = UINT32_MAX - 1000;
+    entity *sender = start({{"FAULT_DROP", "0.02"},
+                            {"FAULT_REORDER", "0.05"}});
+    uct_usnic_ep_t *ep = ucs_derived_of(sender->ep(0), uct_usnic_ep_t);
+    void *elem;
+
+    /* Open the stream, then move both ends close to the wrap */
+    stream_messages(sender, 1);
+    ASSERT_TRUE(ucs_ptr_array_lookup(&usnic_iface(m_receiver)->streams, 0,
+                                     elem));
+    uct_usnic_rx_stream_t *stream = (uct_usnic_rx_stream_t*)elem;
+    ASSERT_EQ(0u, ep->tx_count);
+    ASSERT_EQ(ep->next_psn, stream->expected_psn);
+    ep->next_psn         = start_psn;
+    ep->acked_psn        = start_psn - 1;
+    ep->recovery_psn     = start_psn - 1;
+    stream->expected_psn = start_psn;
+
+    stream_messages(sender, 3000 / ucs::test_time_multiplier());
+    EXPECT_LT(ep->next_psn, start_psn) << "did not wrap";
+    EXPECT_GT(injected(sender, UCT_USNIC_FAULT_DROP), 0u);
 }
 
 /* For memory checkers: USNIC_TEST_STREAM_SECONDS (default 2) of streaming

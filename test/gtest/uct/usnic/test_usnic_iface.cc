@@ -249,6 +249,7 @@ UCS_TEST_P(test_usnic_iface, bad_config_values) {
         {"MTU", "16"},
         {"MTU", "1g"},
         {"WINDOW", "8"},
+        {"WINDOW", "1000"},
         {"ACK_FREQ", "100000"},
         {"MAX_BCOPY", "8m"},
         {"PUT_MAX_BCOPY", "8m"},
