@@ -28,14 +28,7 @@ usnic_apt_install nftables
 "${usnic_top}/contrib/build.sh"
 usnic_env
 
-logs=${usnic_leg_dir}/loss
-mkdir -p "${logs}"
-trap usnic_pair_cleanup EXIT
-usnic_pair_setup netns
-
-port=$((20000 + $$ % 10000))
-perftest=("${usnic_bin}/ucx_perftest" -x usnic -d "${usnic_pair_dev}"
-          -p "${port}")
+usnic_pair_perftest loss
 
 # set_loss <percent>: replace the drop rule of the server's namespace
 set_loss() {

@@ -1,5 +1,6 @@
-# Shared by demo.sh and bench.sh: run a server/client pair of a benchmark
-# tool either on this host's loopback or across two network namespaces.
+# Shared by demo.sh, bench.sh, loss.sh and peer_kill.sh: run a server/client
+# pair of a benchmark tool either on this host's loopback or across two
+# network namespaces.
 #
 #   usnic_pair_setup lo|netns     sets usnic_pair_dev, usnic_pair_addr and
 #                                 the command prefixes of both sides
@@ -8,6 +9,10 @@
 #                                 it, waits for both; "@ADDR@" in the client
 #                                 command becomes the server's address
 #   usnic_pair_cleanup            stops what is left, removes namespaces
+#   usnic_pair_perftest <name>    for a usnic ucx_perftest across namespaces:
+#                                 sets it all up and sets logs (a directory
+#                                 build/<leg>/<name>), port and perftest (the
+#                                 command both sides share)
 #
 # The namespaces are joined by a veth pair whose ends carry the same name in
 # both, so one UCX_NET_DEVICES / -d value fits both sides; addresses come
@@ -128,4 +133,15 @@ usnic_pair_stop_server() {
     kill "${usnic_pair_server_pid}" 2>/dev/null || true
     wait "${usnic_pair_server_pid}" 2>/dev/null || true
     usnic_pair_server_pid=
+}
+
+usnic_pair_perftest() {
+    logs=${usnic_leg_dir}/$1
+    mkdir -p "${logs}"
+    trap usnic_pair_cleanup EXIT
+    usnic_pair_setup netns
+
+    port=$((20000 + $$ % 10000))
+    perftest=("${usnic_bin}/ucx_perftest" -x usnic -d "${usnic_pair_dev}"
+              -p "${port}")
 }

@@ -26,14 +26,7 @@ done
 "${usnic_top}/contrib/build.sh"
 usnic_env
 
-logs=${usnic_leg_dir}/peer_kill
-mkdir -p "${logs}"
-trap usnic_pair_cleanup EXIT
-usnic_pair_setup netns
-
-port=$((20000 + $$ % 10000))
-perftest=("${usnic_bin}/ucx_perftest" -x usnic -d "${usnic_pair_dev}"
-          -p "${port}")
+usnic_pair_perftest peer_kill
 
 # ip netns exec replaces itself with the command: $! is the server's pid
 "${usnic_pair_server_pfx[@]}" "${perftest[@]}" >"${logs}/server" 2>&1 &
