@@ -10,8 +10,16 @@
 #   contrib/test.sh                  default leg (Debian's UCX + libfabric)
 #   UCX_SRC=... [LIBFABRIC_SRC=...] contrib/test.sh   another leg
 #   GTEST_FILTER=<pattern> contrib/test.sh            a subset of usnic/*
+#   contrib/test.sh --asan           everything built with AddressSanitizer
+#                                    (its own leg, build/<leg>-asan)
 #
 set -euo pipefail
+
+case "${1:-}" in
+--asan) export USNIC_ASAN=1 ;;
+"")     ;;
+*)      echo "usage: $0 [--asan]" >&2; exit 2 ;;
+esac
 
 . "$(dirname "$0")/common.sh"
 
@@ -36,13 +44,23 @@ ip -n "${netns}" link set lo up
 total_passed=0
 total_failed=0
 
-# run_suite <name> <gtest filter>
+# Any AddressSanitizer report fails the run; UCX's own signal handling would
+# hide the report
+sanitizer_env=()
+if [ "${USNIC_ASAN:-0}" = 1 ]; then
+    sanitizer_env=(ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1
+                   UCX_HANDLE_ERRORS=none)
+fi
+
+# run_suite <name> <gtest filter> [VAR=value...]
 run_suite() {
     local name=$1 filter=$2 log=${results}/$1.log rc=0 passed failed skipped
+    shift 2
 
     usnic_log "running ${name}: --gtest_filter='${filter}'"
     ip netns exec "${netns}" env \
         UCX_HANDLE_ERRORS=bt UCX_LOG_LEVEL=warn UCX_LOG_PRINT_ENABLE=y \
+        "${sanitizer_env[@]}" "$@" \
         timeout 2400 "${usnic_gtest}" --gtest_filter="${filter}" \
         --gtest_color=no >"${log}" 2>&1 || rc=$?
 
@@ -70,6 +88,9 @@ if [ -n "${GTEST_FILTER:-}" ]; then
 else
     run_suite usnic-own "${own}"
     run_suite usnic-generic "usnic/*-${own}"
+    # UCX's event tests need the event fd, which is off by default
+    run_suite usnic-generic-event-fd 'usnic/test_uct_event*' \
+        UCX_USNIC_EVENT_FD=y
 fi
 
 echo "${total_passed} passed, ${total_failed} failed"

@@ -290,21 +290,32 @@ static ucs_status_t uct_usnic_channel_open_ep(uct_usnic_channel_t *channel,
                                               struct fid_domain *domain,
                                               struct fid_av *av,
                                               const ucs_range_spec_t *ports,
-                                              unsigned cq_size)
+                                              unsigned cq_size, int wakeup)
 {
     struct fi_cq_attr cq_attr = {
         .size     = cq_size,
         .format   = FI_CQ_FORMAT_MSG,
-        .wait_obj = FI_WAIT_NONE
+        .wait_obj = wakeup ? FI_WAIT_FD : FI_WAIT_NONE
     };
     size_t addrlen            = sizeof(channel->addr);
     int ret;
 
     ret = fi_cq_open(domain, &cq_attr, &channel->cq, NULL);
     if (ret != 0) {
-        ucs_error("%s: fi_cq_open(size %u) failed: %s", channel->name,
-                  cq_size, fi_strerror(-ret));
+        ucs_error("%s: fi_cq_open(size %u%s) failed: %s", channel->name,
+                  cq_size, wakeup ? ", wait fd" : "", fi_strerror(-ret));
         return UCS_ERR_IO_ERROR;
+    }
+
+    channel->wait_fd = -1;
+    if (wakeup) {
+        ret = fi_control(&channel->cq->fid, FI_GETWAIT, &channel->wait_fd);
+        if (ret != 0) {
+            ucs_error("%s: the provider gives no wait fd for its completion "
+                      "queue (%s); unset %sUSNIC_EVENT_FD", channel->name,
+                      fi_strerror(-ret), UCS_DEFAULT_ENV_PREFIX);
+            goto err_close_cq;
+        }
     }
 
     if (ports->first != 0) {
@@ -434,7 +445,7 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
     status = uct_usnic_channel_open_ep(channel, info, md->domain, av,
                                        params->port_range,
                                        params->rx_queue_len +
-                                       params->tx_queue_len);
+                                       params->tx_queue_len, params->wakeup);
     if (status != UCS_OK) {
         return status;
     }

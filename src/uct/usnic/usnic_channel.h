@@ -66,6 +66,7 @@ typedef struct uct_usnic_channel_params {
     const ucs_range_spec_t    *port_range;  /* 0-0: any port */
     uct_usnic_channel_rx_cb_t rx_cb;
     int                       checksum;     /* End-to-end checksum */
+    int                       wakeup;       /* CQ with a wait fd */
     unsigned                  id;           /* For the fault injector */
     const uct_usnic_fault_config_t *fault;
 } uct_usnic_channel_params_t;
@@ -94,6 +95,8 @@ struct uct_usnic_channel {
     unsigned                  idle_polls;   /* Empty polls in a row */
     unsigned                  skipped_polls;
     struct sockaddr_in        addr;         /* Bound address and port */
+    int                       wait_fd;      /* Readable on a completion, or
+                                               -1 without a wakeup */
     const char                *name;
 };
 

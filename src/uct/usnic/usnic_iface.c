@@ -162,6 +162,12 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      ucs_offsetof(uct_usnic_iface_config_t, port_range),
      UCS_CONFIG_TYPE_RANGE_SPEC},
 
+    {"EVENT_FD", "n",
+     "Let the user wait for events on a file descriptor (uct_iface_event_fd_get,\n"
+     "UCP's wakeup feature). The completion queues then get wait objects,\n"
+     "which costs a system call per received datagram.",
+     ucs_offsetof(uct_usnic_iface_config_t, event_fd), UCS_CONFIG_TYPE_BOOL},
+
     {"CHECKSUM", "n",
      "End-to-end checksum on every datagram: for links whose own checksums\n"
      "cannot be trusted, and to test with UCX_USNIC_FAULT_CORRUPT or\n"
@@ -344,6 +350,11 @@ static ucs_status_t uct_usnic_iface_query(uct_iface_h tl_iface,
                                      UCT_IFACE_FLAG_EP_CHECK |
                                      UCT_IFACE_FLAG_CONNECT_TO_IFACE |
                                      UCT_IFACE_FLAG_INTER_NODE;
+    if (iface->event_set != NULL) {
+        iface_attr->cap.event_flags = UCT_IFACE_FLAG_EVENT_SEND_COMP |
+                                      UCT_IFACE_FLAG_EVENT_RECV |
+                                      UCT_IFACE_FLAG_EVENT_FD;
+    }
     iface_attr->cap.am.max_short   = iface->config.max_payload;
     iface_attr->cap.am.max_bcopy   = iface->config.max_bcopy;
     iface_attr->cap.am.max_iov     = UCT_USNIC_MAX_IOV;
@@ -487,7 +498,7 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
     iface->sent_since_progress = 0;
 
     if (!ucs_list_is_empty(&iface->ack_streams)) {
-        uct_usnic_rx_send_acks(iface);
+        uct_usnic_rx_send_acks(iface, 0);
     }
 
     if (!ucs_list_is_empty(&iface->active_eps)) {
@@ -521,13 +532,15 @@ static void uct_usnic_iface_async_timer(int id, ucs_event_set_types_t events,
     uct_usnic_iface_t *iface = arg;
 
     if (!ucs_list_is_empty(&iface->ack_streams)) {
-        uct_usnic_rx_send_acks(iface);
+        uct_usnic_rx_send_acks(iface, 0);
     }
 
     /* Peer timeouts are found even while nobody progresses the iface */
     if (!ucs_list_is_empty(&iface->active_eps)) {
         uct_usnic_tx_check_timeouts(iface);
     }
+
+    uct_usnic_iface_event_async(iface);
 }
 
 ucs_status_t uct_usnic_iface_av_insert(uct_usnic_iface_t *iface,
@@ -727,6 +740,7 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
                                       UCT_USNIC_CHECKSUM_LEN : 0);
         ch_params[id].rx_mpool     = &config->rx_mpool;
         ch_params[id].port_range   = &config->port_range;
+        ch_params[id].wakeup       = config->event_fd;
         ch_params[id].checksum     = config->checksum;
         ch_params[id].id           = id;
         ch_params[id].fault        = &config->fault;
@@ -983,6 +997,8 @@ static uct_iface_ops_t uct_usnic_iface_ops = {
     .iface_progress_enable    = uct_base_iface_progress_enable,
     .iface_progress_disable   = uct_base_iface_progress_disable,
     .iface_progress           = uct_usnic_iface_progress,
+    .iface_event_fd_get       = uct_usnic_iface_event_fd_get,
+    .iface_event_arm          = uct_usnic_iface_event_arm,
     .iface_close              = UCS_CLASS_DELETE_FUNC_NAME(uct_usnic_iface_t),
     .iface_query              = uct_usnic_iface_query,
     .iface_get_device_address = uct_usnic_iface_get_device_address,
@@ -1089,6 +1105,14 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
         goto err_close_av;
     }
 
+    self->event_set = NULL;
+    if (config->event_fd) {
+        status = uct_usnic_iface_event_init(self);
+        if (status != UCS_OK) {
+            goto err_cleanup_channels;
+        }
+    }
+
     uct_usnic_iface_init_address(self);
     uct_usnic_iface_init_costs(self, dev_name,
                                md->info->fabric_attr->prov_name);
@@ -1101,13 +1125,15 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     if (status != UCS_OK) {
         ucs_error("usnic: cannot start the ACK timer: %s",
                   ucs_status_string(status));
-        goto err_cleanup_channels;
+        goto err_cleanup_events;
     }
 
     ucs_debug("usnic iface %p: device %s mtu %zu incarnation 0x%x", self,
               dev_name, self->config.mtu, self->incarnation);
     return UCS_OK;
 
+err_cleanup_events:
+    uct_usnic_iface_event_cleanup(self);
 err_cleanup_channels:
     uct_usnic_iface_cleanup_channels(self);
 err_close_av:
@@ -1159,6 +1185,7 @@ static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t)
         uct_usnic_rx_stream_destroy(self, stream);
     }
 
+    uct_usnic_iface_event_cleanup(self);
     uct_usnic_iface_cleanup_channels(self);
 
     uct_usnic_iface_close_av(self);

@@ -15,6 +15,7 @@
 #include <ucs/datastruct/khash.h>
 #include <ucs/datastruct/list.h>
 #include <ucs/datastruct/ptr_array.h>
+#include <ucs/sys/event_set.h>
 #include <ucs/time/time.h>
 
 #include <rdma/fi_domain.h>
@@ -111,6 +112,7 @@ typedef struct uct_usnic_iface_config {
     unsigned                 max_resend;
     ucs_range_spec_t         port_range;
     int                      checksum;
+    int                      event_fd;
     uct_usnic_fault_config_t fault;
     uct_iface_mpool_config_t rx_mpool;
     uct_iface_mpool_config_t tx_mpool;
@@ -142,6 +144,10 @@ typedef struct uct_usnic_iface {
     int                     sent_since_progress;
     ucs_time_t              next_timer_check;
     int                     async_timer_id; /* Sends due ACKs when idle */
+    ucs_sys_event_set_t     *event_set;    /* What the user waits on, or
+                                              NULL without UCX_USNIC_EVENT_FD */
+    int                     wakeup_fd;     /* eventfd the async timer writes */
+    int                     armed;         /* The user may be waiting */
     ucs_mpool_t             tx_mp;         /* uct_usnic_tx_desc_t */
     ucs_mpool_t             am_buf_mp;     /* uct_usnic_am_buf_t */
     void                    *bcopy_buf;    /* Packs a multi-datagram AM/PUT */
@@ -203,6 +209,14 @@ void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
 
 /* Keep the async timer out while the iface state and libfabric objects
  * are in use from the user's thread */
+/* Waiting for events on a file descriptor (usnic_event.c) */
+ucs_status_t uct_usnic_iface_event_init(uct_usnic_iface_t *iface);
+void uct_usnic_iface_event_cleanup(uct_usnic_iface_t *iface);
+ucs_status_t uct_usnic_iface_event_fd_get(uct_iface_h tl_iface, int *fd_p);
+ucs_status_t uct_usnic_iface_event_arm(uct_iface_h tl_iface, unsigned events);
+void uct_usnic_iface_event_async(uct_usnic_iface_t *iface);
+
+
 /* Whether a peer with this IPv4 address can be on the device's network:
  * its subnet (127.0.0.0/8 for loopback) */
 int uct_usnic_dev_addr_reaches(const uct_usnic_device_addr_t *local,

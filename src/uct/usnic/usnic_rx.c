@@ -591,14 +591,14 @@ static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
                               sizeof(packet));
 }
 
-unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface)
+unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface, int all)
 {
     ucs_time_t now = ucs_get_time();
     uct_usnic_rx_stream_t *stream, *tmp;
     unsigned count = 0;
 
     ucs_list_for_each_safe(stream, tmp, &iface->ack_streams, ack_list) {
-        if (!stream->ack_now &&
+        if (!all && !stream->ack_now &&
             (stream->unacked < iface->config.ack_freq) &&
             ((now - stream->unacked_since) < iface->config.ack_delay)) {
             continue;

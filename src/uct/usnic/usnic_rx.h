@@ -54,7 +54,8 @@ ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
                                uct_usnic_rx_desc_t *desc, void *data,
                                size_t length);
 
-unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface);
+/* Send the ACKs that are due, or all that are owed */
+unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface, int all);
 
 /* Fill in the ACK the stream owes; it then owes none */
 void uct_usnic_rx_ack_take(uct_usnic_rx_stream_t *stream,

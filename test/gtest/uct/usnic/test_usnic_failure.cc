@@ -12,6 +12,7 @@ extern "C" {
 }
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -214,6 +215,74 @@ UCS_TEST_P(test_usnic_failure, live_peer_never_fails) {
 }
 
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_failure, usnic)
+
+
+/*
+ * A user asleep on the event fd learns of a dead peer: the async timer wakes
+ * it within the timeout plus a second, and progress reports the failure.
+ */
+class test_usnic_failure_wakeup : public test_usnic_failure {
+protected:
+    void init()
+    {
+        modify_config("EVENT_FD", "y", IGNORE_IF_NOT_EXIST);
+        modify_config("USNIC_EVENT_FD", "y", IGNORE_IF_NOT_EXIST);
+        test_usnic_failure::init();
+    }
+
+    void arm(entity *e)
+    {
+        ucs_status_t status;
+
+        do {
+            e->progress();
+            status = uct_iface_event_arm(e->iface(), UCT_EVENT_SEND_COMP |
+                                                     UCT_EVENT_RECV);
+        } while (status == UCS_ERR_BUSY);
+        ASSERT_UCS_OK(status);
+    }
+
+    /* Whether the fd became readable within the time */
+    static bool wait_fd(int fd, double seconds)
+    {
+        struct pollfd pfd = {fd, POLLIN, 0};
+
+        return poll(&pfd, 1, (int)(seconds * 1000)) == 1;
+    }
+};
+
+UCS_TEST_P(test_usnic_failure_wakeup, dead_peer_wakes_sleeper) {
+    const uct_iface_attr_t &attr = m_sender->iface_attr();
+    ucs_time_t killed;
+    int fd;
+
+    ASSERT_TRUE(attr.cap.event_flags & UCT_IFACE_FLAG_EVENT_FD);
+    ASSERT_UCS_OK(uct_iface_event_fd_get(m_sender->iface(), &fd));
+
+    /* Armed and idle: no wakeup */
+    send_and_flush(10);
+    arm(m_sender);
+    EXPECT_FALSE(wait_fd(fd, 0.2));
+
+    scoped_log_handler slh(hide_errors_logger);
+    killed = kill_receiver();
+    ASSERT_UCS_OK(send_am());
+    arm(m_sender);
+
+    /* Woken more than once while resends are due; never past the
+     * timeout plus a second without the failure */
+    while (m_failures.empty()) {
+        ASSERT_TRUE(wait_fd(fd, 2.0)) << "not woken";
+        ASSERT_LT(ucs_time_to_sec(ucs_get_time() - killed), 2.0);
+        progress();
+        if (m_failures.empty()) {
+            arm(m_sender);
+        }
+    }
+    wait_for_failure(killed);
+}
+
+_UCT_INSTANTIATE_TEST_CASE(test_usnic_failure_wakeup, usnic)
 
 
 /*
