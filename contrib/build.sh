@@ -6,6 +6,7 @@
 #   contrib/build.sh                      Debian's UCX 1.13.1 + libfabric 1.17
 #   UCX_SRC=<dir|tarball> contrib/build.sh
 #   UCX_SRC=... LIBFABRIC_SRC=<dir|tarball> contrib/build.sh
+#   USNIC_ASAN=1 contrib/build.sh        any of the above, with AddressSanitizer
 #
 # Incremental: module files are mirrored into the UCX tree with their times
 # kept, autogen/configure run again only when their inputs change, and make
@@ -19,6 +20,11 @@ jobs=${JOBS:-$(nproc)}
 logs=${usnic_leg_dir}/logs
 ucx_configure_args=(--enable-gtest --without-cuda --without-rocm
                     --without-java --without-go --disable-doxygen-doc)
+if [ "${USNIC_ASAN:-0}" = 1 ]; then
+    asan_flags="-g -O2 -fsanitize=address -fno-omit-frame-pointer"
+    ucx_configure_args+=("CFLAGS='${asan_flags}'" "CXXFLAGS='${asan_flags}'"
+                         "LDFLAGS=-fsanitize=address")
+fi
 # GCC 12 flags a use-after-free in UCX's own gtest sources (ucm/malloc_hook.cc):
 # keep that one a warning; everything else still builds with -Werror
 ucx_make_args=(CPPFLAGS=-Wno-error=use-after-free)

@@ -6,6 +6,8 @@
 #                  source package (apt-get source ucx)
 #   LIBFABRIC_SRC  libfabric source directory or tarball; default: the
 #                  system libfabric (Debian's libfabric-dev)
+#   USNIC_ASAN=1   build UCX, the module and the tests with AddressSanitizer,
+#                  in a leg of its own (<leg>-asan)
 
 usnic_top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 usnic_build=${usnic_top}/build
@@ -40,6 +42,10 @@ if [ "${usnic_ucx_name}" = debian ] && [ "${usnic_fabric_name}" = system ]; then
     usnic_leg=default
 else
     usnic_leg=${usnic_ucx_name}+${usnic_fabric_name}
+fi
+
+if [ "${USNIC_ASAN:-0}" = 1 ]; then
+    usnic_leg=${usnic_leg}-asan
 fi
 
 usnic_leg_dir=${usnic_build}/${usnic_leg}
