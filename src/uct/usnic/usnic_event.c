@@ -51,7 +51,6 @@ ucs_status_t uct_usnic_iface_event_init(uct_usnic_iface_t *iface)
         goto err_cleanup;
     }
 
-    iface->armed = 0;
     return UCS_OK;
 
 err_cleanup:

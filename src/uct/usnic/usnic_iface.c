@@ -1106,6 +1106,8 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     }
 
     self->event_set = NULL;
+    self->wakeup_fd = -1;
+    self->armed     = 0;
     if (config->event_fd) {
         status = uct_usnic_iface_event_init(self);
         if (status != UCS_OK) {
