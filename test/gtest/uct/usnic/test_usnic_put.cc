@@ -15,6 +15,7 @@ extern "C" {
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,11 @@ protected:
     void init()
     {
         uct_test::init();
+        create_entities();
+    }
+
+    void create_entities()
+    {
         m_receiver = create_entity(0);
         m_entities.push_back(m_receiver);
         m_sender = create_entity(0);
@@ -214,6 +220,35 @@ protected:
         receiver_iface()->put_refused_logged = 0;
     }
 
+    /* Random-size, random-offset, overlapping writes, the whole arena
+     * compared with the expected image every 1,000 */
+    void random_puts(size_t count)
+    {
+        size_t max_len = ucs_min(put_max_bcopy(), REGION_SIZE);
+
+        for (size_t i = 0; i < count; ++i) {
+            /* Mostly small writes, some up to the largest; overlapping ones
+             * show whether they are applied in order */
+            size_t length = ucs::rand() %
+                            (ucs_min(max_len, 1ul << (i % 15)) + 1);
+            size_t offset = ucs::rand() % (REGION_SIZE - length + 1);
+            std::vector<uint8_t> data = pattern(length, i);
+
+            put_ok(offset, &data[0], length);
+            if ((i % 1000) == 999) {
+                flush_sender();
+                check_arena();
+            }
+        }
+
+        flush_sender();
+        check_arena();
+        for (int reason = UCT_USNIC_RX_DROP_PUT_KEY;
+             reason <= UCT_USNIC_RX_DROP_PUT_RANGE; ++reason) {
+            EXPECT_EQ(0u, drops((uct_usnic_rx_drop_t)reason));
+        }
+    }
+
     entity               *m_receiver;
     entity               *m_sender;
     std::vector<uint8_t> m_arena;
@@ -236,29 +271,7 @@ UCS_TEST_P(test_usnic_put, caps) {
 }
 
 UCS_TEST_P(test_usnic_put, random_puts) {
-    size_t count   = 100000 / ucs::test_time_multiplier();
-    size_t max_len = ucs_min(put_max_bcopy(), REGION_SIZE);
-
-    for (size_t i = 0; i < count; ++i) {
-        /* Mostly small writes, some up to the largest; overlapping ones
-         * show whether they are applied in order */
-        size_t length = ucs::rand() % (ucs_min(max_len, 1ul << (i % 15)) + 1);
-        size_t offset = ucs::rand() % (REGION_SIZE - length + 1);
-        std::vector<uint8_t> data = pattern(length, i);
-
-        put_ok(offset, &data[0], length);
-        if ((i % 1000) == 999) {
-            flush_sender();
-            check_arena();
-        }
-    }
-
-    flush_sender();
-    check_arena();
-    for (int reason = UCT_USNIC_RX_DROP_PUT_KEY;
-         reason <= UCT_USNIC_RX_DROP_PUT_RANGE; ++reason) {
-        EXPECT_EQ(0u, drops((uct_usnic_rx_drop_t)reason));
-    }
+    random_puts(100000 / ucs::test_time_multiplier());
 }
 
 UCS_TEST_P(test_usnic_put, whole_region) {
@@ -420,3 +433,57 @@ UCS_TEST_P(test_usnic_put, forged_datagram) {
 }
 
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_put, usnic)
+
+
+/* Remote writes through a lossy, reordering, duplicating, corrupting path:
+ * every write applied exactly once and in order */
+class test_usnic_put_faults : public test_usnic_put {
+protected:
+    void init()
+    {
+        uct_test::init(); /* the test body sets the faults first */
+    }
+
+    void random_puts_through(const std::map<std::string, std::string> &faults)
+    {
+        for (const auto &var : faults) {
+            modify_config(var.first, var.second, IGNORE_IF_NOT_EXIST);
+            modify_config("USNIC_" + var.first, var.second,
+                          IGNORE_IF_NOT_EXIST);
+        }
+        create_entities();
+        const uct_usnic_fault_t *fault =
+                ucs_derived_of(m_sender->iface(), uct_usnic_iface_t)
+                        ->channels[UCT_USNIC_CHANNEL_DATA].fault;
+        ASSERT_NE(nullptr, fault);
+        random_puts(3000 / ucs::test_time_multiplier());
+
+        uint64_t injected = 0;
+        for (int type = 0; type < UCT_USNIC_FAULT_LAST; ++type) {
+            injected += fault->count[type];
+        }
+        UCS_TEST_MESSAGE << injected << " faults injected into the writes";
+        EXPECT_GT(injected, 0u);
+    }
+};
+
+UCS_TEST_P(test_usnic_put_faults, drop_1_percent) {
+    random_puts_through({{"FAULT_DROP", "0.01"}});
+}
+
+UCS_TEST_P(test_usnic_put_faults, drop_5_percent) {
+    random_puts_through({{"FAULT_DROP", "0.05"}});
+}
+
+UCS_TEST_P(test_usnic_put_faults, drop_20_percent) {
+    random_puts_through({{"FAULT_DROP", "0.2"}});
+}
+
+UCS_TEST_P(test_usnic_put_faults, reorder_duplicate_corrupt) {
+    random_puts_through({{"CHECKSUM", "y"},
+                         {"FAULT_REORDER", "0.05"},
+                         {"FAULT_DUPLICATE", "0.05"},
+                         {"FAULT_CORRUPT", "0.05"}});
+}
+
+_UCT_INSTANTIATE_TEST_CASE(test_usnic_put_faults, usnic)
