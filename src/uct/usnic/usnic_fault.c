@@ -135,9 +135,14 @@ static void uct_usnic_fault_hold(uct_usnic_fault_t *fault, const void *buffer,
 static void uct_usnic_fault_release(uct_usnic_channel_t *channel,
                                     int after_send)
 {
-    ucs_time_t now = ucs_get_time();
     uct_usnic_fault_held_t *held;
+    ucs_time_t now;
 
+    if (ucs_queue_is_empty(&channel->fault->held)) {
+        return;
+    }
+
+    now = ucs_get_time();
     ucs_queue_for_each_extract(held, &channel->fault->held, queue,
                                (after_send && held->after_next) ||
                                (held->due <= now)) {

@@ -372,6 +372,14 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
  * would tell about them. A single timeout costs one datagram, which keeps
  * spurious ones (a descheduled receiver) cheap.
  */
+/* The peer acknowledged nothing new for the peer timeout */
+static UCS_F_ALWAYS_INLINE int
+uct_usnic_tx_ep_timed_out(const uct_usnic_iface_t *iface,
+                          const uct_usnic_ep_t *ep, ucs_time_t now)
+{
+    return (now - ep->progress_time) > iface->config.timeout;
+}
+
 static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
                                        uct_usnic_ep_t *ep, ucs_time_t now,
                                        unsigned budget)
@@ -381,7 +389,7 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
     int checked    = 0;
     uct_usnic_tx_desc_t *desc;
 
-    if (ucs_unlikely((now - ep->progress_time) > iface->config.timeout)) {
+    if (ucs_unlikely(uct_usnic_tx_ep_timed_out(iface, ep, now))) {
         uct_usnic_ep_fail(ep, UCS_ERR_ENDPOINT_TIMEOUT);
         return 0;
     }
@@ -458,7 +466,7 @@ void uct_usnic_tx_check_timeouts(uct_usnic_iface_t *iface)
     uct_usnic_ep_t *ep;
 
     ucs_list_for_each(ep, &iface->active_eps, active_list) {
-        if ((now - ep->progress_time) > iface->config.timeout) {
+        if (uct_usnic_tx_ep_timed_out(iface, ep, now)) {
             uct_usnic_ep_fail(ep, UCS_ERR_ENDPOINT_TIMEOUT);
         }
     }
