@@ -181,34 +181,47 @@ uct_usnic_channel_handle_cq_error(uct_usnic_channel_t *channel)
     }
 }
 
+/*
+ * Take up to max_events completions. A provider may complete fewer receives
+ * per read than asked (libfabric's udp provider receives one datagram per
+ * fi_cq_read), so read until the queue is empty: a target that progresses
+ * only now and then must drain everything that arrived meanwhile, or its
+ * peers stall on a full socket buffer.
+ */
 unsigned uct_usnic_channel_progress(uct_usnic_channel_t *channel,
                                     unsigned max_events)
 {
     struct fi_cq_msg_entry comps[UCT_USNIC_CHANNEL_CQ_BATCH];
-    unsigned count;
+    unsigned count = 0;
     ssize_t i, ret;
 
-    ret = fi_cq_read(channel->cq, comps,
-                     ucs_min(max_events, UCT_USNIC_CHANNEL_CQ_BATCH));
-    if (ucs_likely(ret > 0)) {
+    do {
+        ret = fi_cq_read(channel->cq, comps,
+                         ucs_min(max_events - count,
+                                 UCT_USNIC_CHANNEL_CQ_BATCH));
+        if (ucs_unlikely(ret <= 0)) {
+            if (ucs_unlikely(ret == -FI_EAVAIL)) {
+                uct_usnic_channel_handle_cq_error(channel);
+            } else if (ucs_unlikely(ret != -FI_EAGAIN)) {
+                ucs_error("%s: fi_cq_read failed: %s", channel->name,
+                          fi_strerror(-ret));
+            }
+            break;
+        }
+
         for (i = 0; i < ret; ++i) {
             if (comps[i].flags & FI_RECV) {
                 uct_usnic_channel_rx_complete(channel, &comps[i]);
             }
         }
-        count = ret;
-    } else {
-        if (ucs_unlikely(ret == -FI_EAVAIL)) {
-            uct_usnic_channel_handle_cq_error(channel);
-        } else if (ucs_unlikely(ret != -FI_EAGAIN)) {
-            ucs_error("%s: fi_cq_read failed: %s", channel->name,
-                      fi_strerror(-ret));
-        }
-        count = 0;
-    }
+        count += ret;
+    } while (count < max_events);
 
-    if ((channel->rx_queue_len - channel->rx_posted) >= channel->rx_batch) {
-        uct_usnic_channel_post_recv(channel, channel->rx_batch);
+    while ((channel->rx_queue_len - channel->rx_posted) >= channel->rx_batch) {
+        if (uct_usnic_channel_post_recv(channel, channel->rx_batch) <
+            channel->rx_batch) {
+            break;
+        }
     }
 
     if (ucs_unlikely(channel->fault != NULL)) {

@@ -479,8 +479,12 @@ void uct_usnic_ep_report_failures(uct_usnic_iface_t *iface)
     }
 }
 
-/* With packets in flight the peer timeout already watches the ep; else send
- * a probe, which the peer acknowledges like any packet */
+/*
+ * Send a probe, which the peer acknowledges like any packet, or answers
+ * that it closed its side (it has no ep to us any more). Its silence fails
+ * the ep after the peer timeout. With the window full, the timeout alone
+ * watches the ep.
+ */
 ucs_status_t uct_usnic_ep_check(uct_ep_h tl_ep, unsigned flags,
                                 uct_completion_t *comp)
 {
@@ -491,7 +495,7 @@ ucs_status_t uct_usnic_ep_check(uct_ep_h tl_ep, unsigned flags,
     /* A completion is never fired: a failure reaches the error handler */
     UCT_CHECK_PARAM(flags == 0, "Unsupported flags: %x", flags);
 
-    if ((ep->status != UCS_OK) || (ep->tx_count > 0)) {
+    if ((ep->status != UCS_OK) || (ep->tx_count >= iface->config.window)) {
         return UCS_OK;
     }
 

@@ -141,7 +141,8 @@ void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
 
 void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
                              const uct_usnic_ack_ext_t *ack,
-                             uint32_t src_incarnation, uint64_t sack);
+                             uint32_t src_incarnation, uint64_t sack,
+                             uint8_t flags);
 
 unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface);
 

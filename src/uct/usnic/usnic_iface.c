@@ -94,7 +94,7 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      ucs_offsetof(uct_usnic_iface_config_t, rx_post_batch),
      UCS_CONFIG_TYPE_UINT},
 
-    {"MAX_POLL", "16",
+    {"MAX_POLL", "256",
      "Maximal number of completions taken from each channel per progress\n"
      "call.",
      ucs_offsetof(uct_usnic_iface_config_t, max_poll), UCS_CONFIG_TYPE_UINT},
@@ -913,11 +913,15 @@ void uct_usnic_iface_peer_link(uct_usnic_iface_t *iface, uint32_t incarnation,
 
     peer = &kh_value(&iface->peers, iter);
     if (ret != 0) {
-        peer->ep     = NULL;
-        peer->stream = NULL;
+        peer->ep      = NULL;
+        peer->stream  = NULL;
+        peer->num_eps = 0;
+        peer->closed  = 0;
     }
 
     if (ep != NULL) {
+        ++peer->num_eps;
+        peer->closed = 0;
         if (peer->ep != NULL) {
             return;
         }
@@ -948,25 +952,36 @@ void uct_usnic_iface_peer_unlink(uct_usnic_iface_t *iface,
     }
 
     peer = &kh_value(&iface->peers, iter);
-    if (((ep != NULL) && (peer->ep != ep)) ||
-        ((stream != NULL) && (peer->stream != stream))) {
-        return;
-    }
-
-    if ((peer->ep != NULL) && (peer->stream != NULL)) {
-        peer->ep->ack_stream = NULL;
-        peer->stream->ack_ep = NULL;
-    }
-
     if (ep != NULL) {
-        peer->ep = NULL;
-    } else {
-        peer->stream = NULL;
+        peer->closed = (--peer->num_eps == 0);
     }
 
-    if ((peer->ep == NULL) && (peer->stream == NULL)) {
+    if (((ep != NULL) && (peer->ep == ep)) ||
+        ((stream != NULL) && (peer->stream == stream))) {
+        if ((peer->ep != NULL) && (peer->stream != NULL)) {
+            peer->ep->ack_stream = NULL;
+            peer->stream->ack_ep = NULL;
+        }
+
+        if (ep != NULL) {
+            peer->ep = NULL;
+        } else {
+            peer->stream = NULL;
+        }
+    }
+
+    /* A closed peer is remembered while a stream from it lives */
+    if ((peer->num_eps == 0) && (peer->stream == NULL)) {
         kh_del(uct_usnic_peers, &iface->peers, iter);
     }
+}
+
+int uct_usnic_iface_peer_closed(uct_usnic_iface_t *iface, uint32_t incarnation)
+{
+    khiter_t iter = kh_get(uct_usnic_peers, &iface->peers, incarnation);
+
+    return (iter != kh_end(&iface->peers)) &&
+           kh_value(&iface->peers, iter).closed;
 }
 
 static void uct_usnic_iface_cleanup_tables(uct_usnic_iface_t *iface)

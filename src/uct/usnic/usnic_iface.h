@@ -60,11 +60,14 @@ KHASH_MAP_INIT_INT64(uct_usnic_streams, uint32_t)
 /**
  * What this iface has with one peer iface: the ep that sends to it and the
  * stream that receives from it. When both exist, the ep's packets carry
- * the stream's ACKs (one pair per peer iface takes part).
+ * the stream's ACKs (one pair per peer iface takes part). A peer to which
+ * every ep was destroyed is closed: its probes are answered so.
  */
 typedef struct uct_usnic_peer {
     struct uct_usnic_ep        *ep;
     struct uct_usnic_rx_stream *stream;
+    unsigned                   num_eps; /* Our eps to the peer iface */
+    int                        closed;  /* num_eps dropped to 0 */
 } uct_usnic_peer_t;
 
 KHASH_MAP_INIT_INT(uct_usnic_peers, uct_usnic_peer_t)
@@ -203,6 +206,10 @@ void uct_usnic_iface_peer_link(uct_usnic_iface_t *iface, uint32_t incarnation,
 void uct_usnic_iface_peer_unlink(uct_usnic_iface_t *iface,
                                  uint32_t incarnation, struct uct_usnic_ep *ep,
                                  struct uct_usnic_rx_stream *stream);
+
+/* Whether this iface had eps to the peer iface and destroyed them all */
+int uct_usnic_iface_peer_closed(uct_usnic_iface_t *iface,
+                                uint32_t incarnation);
 
 void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
                                const void *packet, size_t length);

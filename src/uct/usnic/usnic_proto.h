@@ -49,7 +49,18 @@ enum {
     UCT_USNIC_PKT_FLAG_LAST  = UCS_BIT(1), /* Last fragment of a message */
     UCT_USNIC_PKT_FLAG_OPEN  = UCS_BIT(2), /* Open trailer at the end */
     UCT_USNIC_PKT_FLAG_ACK   = UCS_BIT(3), /* ACK trailer after the payload */
-    UCT_USNIC_PKT_FLAGS_ALL  = UCS_MASK(4)
+    UCT_USNIC_PKT_FLAG_ACK_REQ = UCS_BIT(4), /* The sender's window is full:
+                                                ACK without delay */
+    UCT_USNIC_PKT_FLAGS_ALL  = UCS_MASK(5)
+};
+
+
+/* Flags of a standalone ACK */
+enum {
+    /* The acknowledged ep probed (ep_check) an iface that has closed every
+     * ep it had to the prober's iface: the connection is gone */
+    UCT_USNIC_ACK_FLAG_CLOSED = UCS_BIT(0),
+    UCT_USNIC_ACK_FLAGS_ALL   = UCS_MASK(1)
 };
 
 
@@ -59,7 +70,7 @@ enum {
 typedef struct uct_usnic_hdr {
     uint8_t  version;     /* UCT_USNIC_PROTO_VERSION */
     uint8_t  type;        /* uct_usnic_pkt_type_t */
-    uint8_t  flags;       /* UCT_USNIC_PKT_FLAG_xx */
+    uint8_t  flags;       /* UCT_USNIC_PKT_FLAG_xx, ACK: ACK_FLAG_xx */
     uint8_t  am_id;       /* AM id of an AM packet, else 0 */
     uint32_t incarnation; /* Receiving iface's incarnation */
     uint32_t stream_id;   /* AM, PUT: receiver's stream; ACK: 0 */

@@ -411,11 +411,19 @@ uct_usnic_rx_in_order(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
                       uct_usnic_rx_desc_t *desc, const uct_usnic_hdr_t *hdr,
                       size_t body_len)
 {
+    if (ucs_unlikely(hdr->type == UCT_USNIC_PKT_PROBE)) {
+        /* Acknowledged like any packet, nothing to deliver. ep_check asks
+         * whether the connection lives: not once this side closed it */
+        stream->closed_reply = uct_usnic_iface_peer_closed(
+                iface, uct_usnic_rx_stream_peer(stream));
+        stream->ack_now     |= stream->closed_reply;
+        return UCS_OK;
+    }
+
+    stream->closed_reply = 0;
     if (hdr->type == UCT_USNIC_PKT_PUT) {
         uct_usnic_rx_put(iface, stream, hdr + 1, body_len);
         return UCS_OK;
-    } else if (hdr->type == UCT_USNIC_PKT_PROBE) {
-        return UCS_OK; /* Acknowledged like any packet, nothing to deliver */
     }
 
     return uct_usnic_rx_deliver(iface, stream, desc, hdr, (void*)(hdr + 1),
@@ -511,7 +519,7 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
     /* Even a duplicate may carry news for the reverse direction */
     if (ack != NULL) {
         uct_usnic_tx_handle_ack(iface, ack, uct_usnic_rx_stream_peer(stream),
-                                0);
+                                0, 0);
     }
 
     ++iface->stats.rx_packets;
@@ -521,6 +529,10 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
                    hdr->flags);
 
     uct_usnic_rx_schedule_ack(iface, stream);
+    if (hdr->flags & UCT_USNIC_PKT_FLAG_ACK_REQ) {
+        stream->ack_now = 1;
+    }
+
     if (ucs_likely(psn == stream->expected_psn)) {
         ++stream->expected_psn;
         ++stream->unacked;
@@ -569,6 +581,10 @@ static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
     packet.hdr.version          = UCT_USNIC_PROTO_VERSION;
     packet.hdr.type             = UCT_USNIC_PKT_ACK;
     packet.hdr.flags            = 0;
+    if (ucs_unlikely(stream->closed_reply) &&
+        uct_usnic_iface_peer_closed(iface, uct_usnic_rx_stream_peer(stream))) {
+        packet.hdr.flags        = UCT_USNIC_ACK_FLAG_CLOSED;
+    }
     packet.hdr.am_id            = 0;
     packet.hdr.incarnation      = uct_usnic_rx_stream_peer(stream);
     packet.hdr.stream_id        = 0;
@@ -627,7 +643,8 @@ ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
 
     /* An ACK has a fixed size and uses none of the header's stream fields */
     if (ucs_unlikely((length != (sizeof(*hdr) + sizeof(*body))) ||
-                     (hdr->flags != 0) || (hdr->am_id != 0) ||
+                     (hdr->flags & ~UCT_USNIC_ACK_FLAGS_ALL) ||
+                     (hdr->am_id != 0) ||
                      (hdr->stream_id != 0) || (hdr->psn != 0))) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
         return UCS_OK;
@@ -635,7 +652,7 @@ ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
 
     body = (const uct_usnic_ack_body_t*)(hdr + 1);
     uct_usnic_tx_handle_ack(iface, &body->ack, body->src_incarnation,
-                            body->sack);
+                            body->sack, hdr->flags);
     return UCS_OK;
 }
 

@@ -37,6 +37,9 @@ typedef struct uct_usnic_rx_stream {
     unsigned             unacked;         /* Delivered since the last ACK */
     ucs_time_t           unacked_since;
     int                  ack_now;         /* Gap or duplicate: ACK at once */
+    int                  closed_reply;    /* The last packet was a probe
+                                             and we have no ep to its
+                                             sender: say so in the ACK */
     ucs_list_link_t      ack_list;        /* In iface->ack_streams */
     uct_usnic_rx_desc_t  **ooo;           /* Reorder ring, on first gap */
     unsigned             ooo_count;

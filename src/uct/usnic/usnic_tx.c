@@ -111,6 +111,12 @@ void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
         desc->length         += sizeof(*open);
     }
 
+    /* Once the window cannot take another message, the sender waits for
+     * this ACK: the receiver must not hold it back */
+    if ((ep->tx_count + 1 + iface->config.max_bcopy_packets) > ep->cwnd) {
+        flags |= UCT_USNIC_PKT_FLAG_ACK_REQ;
+    }
+
     hdr->flags    = flags;
     desc->psn     = hdr->psn;
     desc->flags   = 0;
@@ -290,7 +296,8 @@ static void uct_usnic_tx_handle_sack(uct_usnic_iface_t *iface,
 
 void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
                              const uct_usnic_ack_ext_t *ack,
-                             uint32_t src_incarnation, uint64_t sack)
+                             uint32_t src_incarnation, uint64_t sack,
+                             uint8_t flags)
 {
     uct_usnic_psn_t ack_psn = ack->psn;
     ucs_time_t now          = ucs_get_time();
@@ -311,6 +318,11 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
         /* Acknowledges what was never sent */
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
         return;
+    }
+
+    if (ucs_unlikely(flags & UCT_USNIC_ACK_FLAG_CLOSED)) {
+        /* Our probe found the peer with no ep to us any more */
+        uct_usnic_ep_fail(ep, UCS_ERR_CONNECTION_RESET);
     }
 
     if (UCT_USNIC_PSN_LT(ack_psn, ep->acked_psn)) {

@@ -105,7 +105,8 @@ protected:
         }
     }
 
-    void wait_for_failure(ucs_time_t since)
+    void wait_for_failure(ucs_time_t since, double within = 2.0,
+                          ucs_status_t status = UCS_ERR_ENDPOINT_TIMEOUT)
     {
         ucs_time_t deadline = since + ucs_time_from_sec(10);
 
@@ -114,17 +115,16 @@ protected:
         }
         ASSERT_EQ(1u, m_failures.size());
         EXPECT_EQ(m_sender->ep(0), m_failures[0].ep);
-        EXPECT_EQ(UCS_ERR_ENDPOINT_TIMEOUT, m_failures[0].status);
-        /* Within the timeout, plus a second */
-        EXPECT_LT(ucs_time_to_sec(m_failures[0].time - since), 2.0);
+        EXPECT_EQ(status, m_failures[0].status);
+        /* By default within the timeout, plus a second */
+        EXPECT_LT(ucs_time_to_sec(m_failures[0].time - since), within);
     }
 
     /* After a failure: errors, not hangs, and no second report */
-    void check_failed_ep()
+    void check_failed_ep(ucs_status_t status = UCS_ERR_ENDPOINT_TIMEOUT)
     {
-        EXPECT_EQ(UCS_ERR_ENDPOINT_TIMEOUT, send_am());
-        EXPECT_EQ(UCS_ERR_ENDPOINT_TIMEOUT,
-                  uct_ep_flush(m_sender->ep(0), 0, NULL));
+        EXPECT_EQ(status, send_am());
+        EXPECT_EQ(status, uct_ep_flush(m_sender->ep(0), 0, NULL));
         progress_for(0.2);
         EXPECT_EQ(1u, m_failures.size());
     }
@@ -212,6 +212,36 @@ UCS_TEST_P(test_usnic_failure, live_peer_never_fails) {
     ASSERT_UCS_OK(send_am());
     progress_for(0.1);
     EXPECT_TRUE(m_failures.empty());
+}
+
+/* The peer's iface lives on, but it closed its ep to us: a probe is
+ * answered at once, as a closed TCP connection would be */
+UCS_TEST_P(test_usnic_failure, ep_check_finds_closed_remote_ep) {
+    m_receiver->connect(0, *m_sender, 0);
+    send_and_flush(10);
+
+    m_receiver->destroy_ep(0);
+    send_and_flush(10);
+    progress_for(0.2);
+    EXPECT_TRUE(m_failures.empty()) << "data alone still reaches the iface";
+
+    ASSERT_UCS_OK(uct_ep_check(m_sender->ep(0), 0, NULL));
+    wait_for_failure(ucs_get_time(), 0.5, UCS_ERR_CONNECTION_RESET);
+    check_failed_ep(UCS_ERR_CONNECTION_RESET);
+}
+
+UCS_TEST_P(test_usnic_failure, reconnected_remote_ep_stays_alive) {
+    m_receiver->connect(0, *m_sender, 0);
+    send_and_flush(10);
+    m_receiver->destroy_ep(0);
+    m_receiver->connect(0, *m_sender, 0);
+
+    for (int i = 0; i < 4; ++i) {
+        ASSERT_UCS_OK(uct_ep_check(m_sender->ep(0), 0, NULL));
+        progress_for(0.3);
+    }
+    EXPECT_TRUE(m_failures.empty());
+    send_and_flush(10);
 }
 
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_failure, usnic)
@@ -316,7 +346,7 @@ protected:
         ack.stream_id = ep->peer_stream_id;
         ack.psn       = ep->acked_psn;
         uct_usnic_iface_enter(iface);
-        uct_usnic_tx_handle_ack(iface, &ack, ep->peer_incarnation, 0);
+        uct_usnic_tx_handle_ack(iface, &ack, ep->peer_incarnation, 0, 0);
         uct_usnic_iface_leave(iface);
     }
 };
