@@ -7,6 +7,12 @@
 #   UCX_SRC=<dir|tarball> contrib/build.sh
 #   UCX_SRC=... LIBFABRIC_SRC=<dir|tarball> contrib/build.sh
 #   USNIC_ASAN=1 contrib/build.sh        any of the above, with AddressSanitizer
+#   contrib/build.sh --system             only the module, for the distribution's
+#                                         installed UCX (libucx0): built from that
+#                                         version's source with its configure
+#                                         options in build/system, installed into
+#                                         its module directory (contrib/system.sh)
+#   contrib/build.sh --system --uninstall removes what --system installed
 #
 # Incremental: module files are mirrored into the UCX tree with their times
 # kept, autogen/configure run again only when their inputs change, and make
@@ -62,16 +68,9 @@ unpack_source() {
     echo "${dest}/${name}"
 }
 
-# Debian's UCX source package, fetched once
-fetch_debian_ucx() {
-    local dest=${usnic_leg_dir}/src list=/etc/apt/sources.list.d/uct-usnic-src.sources
-    local tree
-    tree=$(ls -d "${dest}"/ucx-*/ 2>/dev/null | head -n 1)
-    if [ -n "${tree}" ]; then
-        echo "${tree%/}"
-        return
-    fi
-
+# apt-get source needs a deb-src entry; add Debian's when there is none
+add_deb_src() {
+    local list=/etc/apt/sources.list.d/uct-usnic-src.sources
     if ! grep -rqs '^Types:.*deb-src\|^deb-src' /etc/apt/sources.list \
             /etc/apt/sources.list.d/; then
         usnic_log "adding a deb-src entry for Debian's source packages"
@@ -84,7 +83,18 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
         apt-get update -q >/dev/null
     fi
+}
 
+# Debian's UCX source package, fetched once
+fetch_debian_ucx() {
+    local dest=${usnic_leg_dir}/src tree
+    tree=$(ls -d "${dest}"/ucx-*/ 2>/dev/null | head -n 1)
+    if [ -n "${tree}" ]; then
+        echo "${tree%/}"
+        return
+    fi
+
+    add_deb_src
     usnic_log "fetching Debian's ucx source package"
     mkdir -p "${dest}"
     (cd "${dest}" && apt-get source -q ucx >"${logs}/apt-source.log" 2>&1) ||
@@ -161,6 +171,13 @@ integrate_module() {
             "${ucx}/test/gtest/uct/uct_test.h" ||
         sed -i -E 's#^(    UCS_PP_FOREACH\(_UCT_INSTANTIATE_TEST_CASE, _test_case, UCT_TEST_(TLS|NO_SELF_TLS|NO_GPU_MEM_TYPE_TLS)\))$#\1 \\\n    _UCT_INSTANTIATE_TEST_CASE(_test_case, usnic)#' \
             "${ucx}/test/gtest/uct/uct_test.h"
+    # UCP's suites: the transport lists behind UCP_INSTANTIATE_TEST_CASE and
+    # its GPU-aware twin (usnic there runs on host memory only, as tcp does)
+    grep -q '_test_case, usnic,  "usnic")' "${ucx}/test/gtest/ucp/ucp_test.h" ||
+        sed -i -E \
+            -e 's#^(    UCP_INSTANTIATE_TEST_CASE_TLS\(_test_case, self, +"self"\) \\)$#\1\n    UCP_INSTANTIATE_TEST_CASE_TLS(_test_case, usnic,  "usnic") \\#' \
+            -e '/^    UCP_INSTANTIATE_TEST_CASE_TLS_GPU_AWARE\(_test_case, ugni, \\$/{n;s#$#\n    UCP_INSTANTIATE_TEST_CASE_TLS_GPU_AWARE(_test_case, usnic, "usnic") \\#}' \
+            "${ucx}/test/gtest/ucp/ucp_test.h"
     grep -q '^                   usnic, \\' "${ucx}/test/gtest/uct/test_md.cc" ||
         sed -i 's|^                   ugni, \\$|&\n                   usnic, \\|' \
             "${ucx}/test/gtest/uct/test_md.cc"
@@ -171,6 +188,8 @@ integrate_module() {
     grep -q 'src/uct/usnic/configure.m4' "${ucx}/src/uct/configure.m4" &&
         [ "$(grep -c '_UCT_INSTANTIATE_TEST_CASE(_test_case, usnic)' \
                "${ucx}/test/gtest/uct/uct_test.h")" -eq 3 ] &&
+        [ "$(grep -c '(_test_case, usnic, *"usnic")' \
+               "${ucx}/test/gtest/ucp/ucp_test.h")" -eq 2 ] &&
         grep -q 'include $(srcdir)/uct/usnic/gtest.am' "${ucx}/test/gtest/Makefile.am" ||
         usnic_die "could not integrate the module into ${ucx}: unknown UCX layout"
 
@@ -269,4 +288,9 @@ main() {
     usnic_log "done: ${usnic_bin}/ucx_info -d -t usnic"
 }
 
-main "$@"
+if [ "${1:-}" = --system ]; then
+    . "${usnic_top}/contrib/system.sh"
+    system_main "${@:2}"
+else
+    main "$@"
+fi

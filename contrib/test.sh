@@ -4,12 +4,20 @@
 # holds only the loopback device (UCX's generic tests use every device the MD
 # lists, so nothing can reach a real network from there):
 #   1. the module's own gtests (test/gtest/uct/usnic);
-#   2. UCX's generic UCT gtests instantiated for usnic (usnic/*).
+#   2. UCX's generic UCT gtests instantiated for usnic (usnic/*);
+#   3. UCX's UCP gtests instantiated for usnic (usnic/test_ucp_*), the
+#      suites named in USNIC_UCP_SUITES;
+#   4. a UCP matrix: ucx_perftest server and client over lo with
+#      UCX_TLS=usnic, each test within a time bound;
+#   5. the UCP content check (contrib/ucp_check.sh) over lo.
 # Ends with one line "N passed, N failed" and fails if any test failed.
 #
 #   contrib/test.sh                  default leg (Debian's UCX + libfabric)
 #   UCX_SRC=... [LIBFABRIC_SRC=...] contrib/test.sh   another leg
 #   GTEST_FILTER=<pattern> contrib/test.sh            a subset of usnic/*
+#   USNIC_UCP_SUITES="tag_xfer am" contrib/test.sh    UCP suites to run
+#                                    (default: all of them; .ci/run splits
+#                                    them between its two legs)
 #   contrib/test.sh --asan           everything built with AddressSanitizer
 #                                    (its own leg, build/<leg>-asan)
 #
@@ -22,6 +30,10 @@ case "${1:-}" in
 esac
 
 . "$(dirname "$0")/common.sh"
+. "$(dirname "$0")/pair.sh"
+
+# UCX's UCP suites for usnic: usnic/test_ucp_<name>*
+ucp_suites=(${USNIC_UCP_SUITES:-tag_xfer am rma stream wireup peer_failure})
 
 "${usnic_top}/contrib/build.sh"
 usnic_env
@@ -33,6 +45,7 @@ results=${usnic_leg_dir}/test-results
 mkdir -p "${results}"
 
 cleanup() {
+    usnic_pair_cleanup
     ip netns delete "${netns}" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -82,15 +95,75 @@ run_suite() {
     total_failed=$((total_failed + failed))
 }
 
+# count <name> <exit status>: one more test passed or failed
+count() {
+    if [ "$2" -eq 0 ]; then
+        total_passed=$((total_passed + 1))
+    else
+        usnic_log "FAILED: $1"
+        total_failed=$((total_failed + 1))
+    fi
+}
+
+# ucx_perftest's UCP tests over lo with UCX_TLS=usnic, server and client in
+# the test namespace. Each must finish within its bound: a stall fails it.
+run_ucp_matrix() {
+    local bound=120 port=$((30000 + $$ % 10000)) log rc test
+    local tests=("tag_lat -s 8 -n 20000"
+                 "tag_bw -s 8 -n 100000"
+                 "tag_bw -s 65536 -n 3000"
+                 "tag_bw -s 1048576 -n 300"
+                 "tag_sync_lat -s 8 -n 20000"
+                 "stream_bw -s 65536 -n 3000"
+                 "ucp_am_lat -s 8 -n 20000"
+                 "ucp_am_bw -s 65536 -n 3000"
+                 "ucp_put_lat -s 8 -n 20000"
+                 "ucp_put_bw -s 8192 -n 20000"
+                 "ucp_put_bw -s 1048576 -n 300"
+                 "ucp_get -s 8 -n 2000"
+                 "ucp_add -s 8 -n 2000")
+
+    mkdir -p "${results}/ucp-matrix"
+    usnic_pair_server_pfx=(ip netns exec "${netns}")
+    usnic_pair_client_pfx=(ip netns exec "${netns}")
+    usnic_pair_addr=127.0.0.1
+    usnic_pair_timeout=${bound}
+    for test in "${tests[@]}"; do
+        log=${results}/ucp-matrix/${test// /_}
+        rc=0
+        usnic_pair_run "${log}" t "${port}" \
+            env UCX_TLS=usnic UCX_NET_DEVICES=lo \
+            "${usnic_bin}/ucx_perftest" -p "${port}" -- \
+            env UCX_TLS=usnic UCX_NET_DEVICES=lo \
+            "${usnic_bin}/ucx_perftest" -p "${port}" @ADDR@ -t ${test} \
+            || rc=$?
+        usnic_log "ucp matrix: ${test}: $( [ "${rc}" -eq 0 ] &&
+                   grep -h '^Final:' "${log}.client" | tr -s ' ' ||
+                   echo "failed (exit ${rc}, bound ${bound} s)")"
+        count "ucp matrix: ${test}" "${rc}"
+    done
+}
+
 own='usnic/test_usnic_*'
+ucp='usnic/test_ucp_*'
 if [ -n "${GTEST_FILTER:-}" ]; then
     run_suite selected "${GTEST_FILTER}"
 else
     run_suite usnic-own "${own}"
-    run_suite usnic-generic "usnic/*-${own}"
+    run_suite usnic-generic "usnic/*-${own}:${ucp}"
     # UCX's event tests need the event fd, which is off by default
     run_suite usnic-generic-event-fd 'usnic/test_uct_event*' \
         UCX_USNIC_EVENT_FD=y
+    if [ ${#ucp_suites[@]} -gt 0 ]; then
+        # A shorter peer timeout keeps the peer failure suites brief
+        run_suite usnic-ucp "$(printf 'usnic/test_ucp_%s*:' \
+                               "${ucp_suites[@]}")" UCX_USNIC_TIMEOUT=3s
+    fi
+    run_ucp_matrix
+    rc=0
+    ip netns exec "${netns}" "${usnic_top}/contrib/ucp_check.sh" --lo \
+        --no-build || rc=$?
+    count "ucp_check over lo" "${rc}"
 fi
 
 echo "${total_passed} passed, ${total_failed} failed"
