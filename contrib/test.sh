@@ -34,10 +34,12 @@ esac
 
 # UCX's UCP suites for usnic: usnic/test_ucp_<name>*
 ucp_suites=(${USNIC_UCP_SUITES:-tag_xfer am rma stream wireup peer_failure})
-# Left out: 30 rounds of 10,000 puts of 128 KiB in its RMA variants (1.3 GB
-# a round, minutes per variant here), and a put that never completes in
-# one of them is still being investigated (README, "Known problems")
-ucp_excluded='usnic/test_ucp_wireup_1sided.stress_connect/*'
+# Left out: stress_connect's RMA variants (/0../3, the same in UCX 1.13 and
+# 1.22) put 30 rounds of 10,000 x 128 KiB (1.3 GB a round, minutes per
+# variant here), and a put that never completed in one of them is still
+# being investigated (README, "Known problems"). Its tag variants run.
+ucp_excluded=$(printf 'usnic/test_ucp_wireup_1sided.stress_connect/%s:' \
+               0 1 2 3)
 
 "${usnic_top}/contrib/build.sh"
 usnic_env
@@ -161,7 +163,7 @@ else
     if [ ${#ucp_suites[@]} -gt 0 ]; then
         # A shorter peer timeout keeps the peer failure suites brief
         run_suite usnic-ucp "$(printf 'usnic/test_ucp_%s*:' \
-                               "${ucp_suites[@]}")-${ucp_excluded}" \
+                               "${ucp_suites[@]}")-${ucp_excluded%:}" \
             UCX_USNIC_TIMEOUT=3s
     fi
     run_ucp_matrix
