@@ -114,6 +114,18 @@ static size_t append_u64(char *buf, size_t pos, size_t len, uint64_t v)
     return pos;
 }
 
+/* "<what><message> (<size> bytes)", async-signal-safe like its callers */
+static size_t append_wait(char *line, size_t pos, size_t len,
+                          const char *what, int stream, uint64_t message)
+{
+    pos = append_str(line, pos, len, what);
+    pos = append_u64(line, pos, len, message);
+    pos = append_str(line, pos, len, " (");
+    pos = append_u64(line, pos, len,
+                     msg_size(stream, message, progress.max_size));
+    return append_str(line, pos, len, " bytes)");
+}
+
 /* SIGALRM: no message completed for -t seconds; SIGTERM: killed (mpirun
  * timed out). Only async-signal-safe calls (msg_size is pure arithmetic). */
 static void stall_handler(int sig)
@@ -141,23 +153,13 @@ static void stall_handler(int sig)
     pos = append_u64(line, pos, len, progress.received);
     pos = append_str(line, pos, len, " receives");
     if (progress.recv_wait != NONE) {
-        pos = append_str(line, pos, len, "; waiting to receive message ");
-        pos = append_u64(line, pos, len, progress.recv_wait);
-        pos = append_str(line, pos, len, " (");
-        pos = append_u64(line, pos, len,
-                         msg_size(progress.recv_stream, progress.recv_wait,
-                                  progress.max_size));
-        pos = append_str(line, pos, len, " bytes)");
+        pos = append_wait(line, pos, len, "; waiting to receive message ",
+                          progress.recv_stream, progress.recv_wait);
     }
     if (progress.send_wait != NONE) {
-        pos = append_str(line, pos, len, "; waiting to complete the send of "
-                         "message ");
-        pos = append_u64(line, pos, len, progress.send_wait);
-        pos = append_str(line, pos, len, " (");
-        pos = append_u64(line, pos, len,
-                         msg_size(progress.send_stream, progress.send_wait,
-                                  progress.max_size));
-        pos = append_str(line, pos, len, " bytes)");
+        pos = append_wait(line, pos, len,
+                          "; waiting to complete the send of message ",
+                          progress.send_stream, progress.send_wait);
     }
     pos = append_str(line, pos, len, "\n");
     if (write(2, line, pos) < 0) {

@@ -148,12 +148,10 @@ system_configure() {
     flags=$(system_configure_flags "${ucx}")
     read -r -a args <<<"${flags}"
     args+=(--with-usnic)
-    stamp_new="$(sha1sum <"${usnic_top}/src/uct/usnic/configure.m4" |
-                 cut -d' ' -f1) ${ucx} $(dpkg-buildflags --export=sh | sha1sum | cut -d' ' -f1) ${args[*]}"
-    if [ -f "${stamp}" ] && [ "$(cat "${stamp}")" = "${stamp_new}" ] &&
-       [ -f "${usnic_obj}/Makefile" ]; then
-        return 0
-    fi
+    stamp_new=$(configure_inputs "${ucx}" \
+                "$(dpkg-buildflags --export=sh | sha1sum | cut -d' ' -f1)" \
+                "${args[*]}")
+    configure_is_current "${stamp}" "${stamp_new}" && return 0
 
     usnic_log "autogen + configure of ${ucx} as the installed UCX was: ${flags}"
     run_logged autogen sh -c "cd '${ucx}' && ./autogen.sh"
