@@ -3,8 +3,10 @@
 # Build if needed, then run the usnic test suites in a network namespace that
 # holds only the loopback device (UCX's generic tests use every device the MD
 # lists, so nothing can reach a real network from there):
-#   1. the module's own gtests (test/gtest/uct/usnic);
-#   2. UCX's generic UCT gtests instantiated for usnic (usnic/*);
+#   1. the module's own gtests (test/gtest/uct/usnic), over the default
+#      provider (libfabric's udp here) and over the built-in kernel one;
+#   2. UCX's generic UCT gtests instantiated for usnic (usnic/*), over
+#      both providers too;
 #   3. UCX's UCP gtests instantiated for usnic (usnic/test_ucp_*), the
 #      suites named in USNIC_UCP_SUITES;
 #   4. a UCP matrix: ucx_perftest server and client over lo with
@@ -15,6 +17,7 @@
 #   contrib/test.sh                  default leg (Debian's UCX + libfabric)
 #   UCX_SRC=... [LIBFABRIC_SRC=...] contrib/test.sh   another leg
 #   GTEST_FILTER=<pattern> contrib/test.sh            a subset of usnic/*
+#   USNIC_KERNEL_SUITES=0 contrib/test.sh   skip the kernel provider runs
 #   USNIC_UCP_SUITES="tag_xfer am" contrib/test.sh    UCP suites to run
 #                                    (default: all of them; .ci/run splits
 #                                    them between its two legs)
@@ -157,14 +160,29 @@ if [ -n "${GTEST_FILTER:-}" ]; then
 else
     run_suite usnic-own "${own}"
     run_suite usnic-generic "usnic/*-${own}:${ucp}"
+    # The same over the built-in kernel provider, on the legs that ask for
+    # it (USNIC_KERNEL_SUITES=1)
+    if [ "${USNIC_KERNEL_SUITES:-1}" = 1 ]; then
+        run_suite usnic-own-kernel "${own}" UCX_USNIC_PROVIDER=kernel
+        run_suite usnic-generic-kernel "usnic/*-${own}:${ucp}" \
+            UCX_USNIC_PROVIDER=kernel
+    fi
     # UCX's event tests need the event fd, which is off by default
     run_suite usnic-generic-event-fd 'usnic/test_uct_event*' \
         UCX_USNIC_EVENT_FD=y
-    if [ ${#ucp_suites[@]} -gt 0 ]; then
-        # A shorter peer timeout keeps the peer failure suites brief
-        run_suite usnic-ucp "$(printf 'usnic/test_ucp_%s*:' \
-                               "${ucp_suites[@]}")-${ucp_excluded%:}" \
-            UCX_USNIC_TIMEOUT=3s
+    # A shorter peer timeout keeps the peer failure suites brief; the others
+    # keep the default, so that a loaded machine cannot fail their eps
+    ucp_filter=
+    for suite in "${ucp_suites[@]}"; do
+        if [ "${suite}" = peer_failure ]; then
+            run_suite usnic-ucp-peer-failure 'usnic/test_ucp_peer_failure*' \
+                UCX_USNIC_TIMEOUT=3s
+        else
+            ucp_filter+="usnic/test_ucp_${suite}*:"
+        fi
+    done
+    if [ -n "${ucp_filter}" ]; then
+        run_suite usnic-ucp "${ucp_filter}-${ucp_excluded%:}"
     fi
     run_ucp_matrix
     rc=0

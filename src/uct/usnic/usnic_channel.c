@@ -119,13 +119,27 @@ static int uct_usnic_channel_checksum_ok(const void *datagram,
     return checksum == uct_usnic_channel_checksum(datagram, *length_p);
 }
 
+void uct_usnic_channel_rx_deliver(uct_usnic_channel_t *channel,
+                                  uct_usnic_rx_desc_t *desc, size_t length)
+{
+    void *data = uct_usnic_rx_desc_data(channel, desc);
+
+    if (channel->checksum && !uct_usnic_channel_checksum_ok(data, &length)) {
+        ++channel->rx_bad_checksum;
+        ucs_mpool_put_inline(desc);
+        return;
+    }
+
+    if (channel->rx_cb(channel, desc, data, length) == UCS_OK) {
+        ucs_mpool_put_inline(desc);
+    }
+}
+
 static void uct_usnic_channel_rx_complete(uct_usnic_channel_t *channel,
                                           const struct fi_cq_msg_entry *comp)
 {
     uct_usnic_rx_desc_t *desc = ucs_container_of(comp->op_context,
                                                  uct_usnic_rx_desc_t, ctx);
-    size_t length;
-    void *data;
 
     ucs_list_del(&desc->list);
     --channel->rx_posted;
@@ -136,18 +150,8 @@ static void uct_usnic_channel_rx_complete(uct_usnic_channel_t *channel,
         return;
     }
 
-    data   = uct_usnic_rx_desc_data(channel, desc);
-    length = comp->len - channel->prefix_size;
-    if (channel->checksum &&
-        !uct_usnic_channel_checksum_ok(data, &length)) {
-        ++channel->rx_bad_checksum;
-        ucs_mpool_put_inline(desc);
-        return;
-    }
-
-    if (channel->rx_cb(channel, desc, data, length) == UCS_OK) {
-        ucs_mpool_put_inline(desc);
-    }
+    uct_usnic_channel_rx_deliver(channel, desc,
+                                 comp->len - channel->prefix_size);
 }
 
 static UCS_F_NOINLINE void
@@ -188,8 +192,8 @@ uct_usnic_channel_handle_cq_error(uct_usnic_channel_t *channel)
  * only now and then must drain everything that arrived meanwhile, or its
  * peers stall on a full socket buffer.
  */
-unsigned uct_usnic_channel_progress(uct_usnic_channel_t *channel,
-                                    unsigned max_events)
+static unsigned uct_usnic_channel_fi_progress(uct_usnic_channel_t *channel,
+                                              unsigned max_events)
 {
     struct fi_cq_msg_entry comps[UCT_USNIC_CHANNEL_CQ_BATCH];
     unsigned count = 0;
@@ -224,11 +228,103 @@ unsigned uct_usnic_channel_progress(uct_usnic_channel_t *channel,
         }
     }
 
-    if (ucs_unlikely(channel->fault != NULL)) {
-        uct_usnic_fault_progress(channel);
+    return count;
+}
+
+static ssize_t uct_usnic_channel_fi_send(uct_usnic_channel_t *channel,
+                                         const void *buffer, size_t length,
+                                         fi_addr_t dest)
+{
+    return fi_inject(channel->ep, buffer, length, dest);
+}
+
+static unsigned
+uct_usnic_channel_fi_send_burst(uct_usnic_channel_t *channel,
+                                const struct iovec *dgrams, unsigned count,
+                                fi_addr_t dest)
+{
+    unsigned sent;
+
+    for (sent = 0; sent < count; ++sent) {
+        if (fi_inject(channel->ep, dgrams[sent].iov_base,
+                      dgrams[sent].iov_len, dest) != 0) {
+            break;
+        }
     }
 
-    return count;
+    return sent;
+}
+
+/* Nothing left in the completion queue. This also clears the wait object's
+ * own signal. */
+static int uct_usnic_channel_fi_may_wait(uct_usnic_channel_t *channel)
+{
+    uct_usnic_md_t *md = ucs_derived_of(channel->iface->md, uct_usnic_md_t);
+    struct fid *fid    = &channel->cq->fid;
+
+    return fi_trywait(md->fabric, &fid, 1) == FI_SUCCESS;
+}
+
+static void uct_usnic_channel_fi_cleanup(uct_usnic_channel_t *channel)
+{
+    uct_usnic_rx_desc_t *desc, *tmp;
+    int ret;
+
+    ret = fi_close(&channel->ep->fid);
+    if (ret != 0) {
+        ucs_warn("%s: fi_close(ep) failed: %s", channel->name,
+                 fi_strerror(-ret));
+    }
+
+    /* The endpoint is gone: its posted buffers are ours again */
+    ucs_list_for_each_safe(desc, tmp, &channel->rx_posted_list, list) {
+        ucs_list_del(&desc->list);
+        ucs_mpool_put_inline(desc);
+    }
+    channel->rx_posted = 0;
+
+    ret = fi_close(&channel->cq->fid);
+    if (ret != 0) {
+        ucs_warn("%s: fi_close(cq) failed: %s", channel->name,
+                 fi_strerror(-ret));
+    }
+}
+
+static const uct_usnic_channel_ops_t uct_usnic_channel_fi_ops = {
+    .send       = uct_usnic_channel_fi_send,
+    .send_burst = uct_usnic_channel_fi_send_burst,
+    .progress   = uct_usnic_channel_fi_progress,
+    .may_wait   = uct_usnic_channel_fi_may_wait,
+    .cleanup    = uct_usnic_channel_fi_cleanup
+};
+
+unsigned uct_usnic_channel_send_burst(uct_usnic_channel_t *channel,
+                                      struct iovec *dgrams, unsigned count,
+                                      fi_addr_t dest)
+{
+    size_t prefix = channel->prefix_size;
+    unsigned i;
+
+    if (channel->checksum) {
+        for (i = 0; i < count; ++i) {
+            uct_usnic_channel_checksum_put(
+                    UCS_PTR_BYTE_OFFSET(dgrams[i].iov_base, prefix),
+                    dgrams[i].iov_len - prefix);
+            dgrams[i].iov_len += UCT_USNIC_CHECKSUM_LEN;
+        }
+    }
+
+    if (ucs_likely(channel->fault == NULL)) {
+        return channel->ops->send_burst(channel, dgrams, count, dest);
+    }
+
+    for (i = 0; i < count; ++i) {
+        if (uct_usnic_fault_send(channel, dgrams[i].iov_base,
+                                 dgrams[i].iov_len, dest) != 0) {
+            break;
+        }
+    }
+    return i;
 }
 
 /* Whether nobody is bound to this address and port */
@@ -301,7 +397,7 @@ static int uct_usnic_channel_endpoint_in_range(uct_usnic_channel_t *channel,
 static ucs_status_t uct_usnic_channel_open_ep(uct_usnic_channel_t *channel,
                                               const struct fi_info *info,
                                               struct fid_domain *domain,
-                                              struct fid_av *av,
+                                              const uct_usnic_av_t *av,
                                               const ucs_range_spec_t *ports,
                                               unsigned cq_size, int wakeup)
 {
@@ -345,7 +441,7 @@ static ucs_status_t uct_usnic_channel_open_ep(uct_usnic_channel_t *channel,
         }
     }
 
-    ret = fi_ep_bind(channel->ep, &av->fid, 0);
+    ret = fi_ep_bind(channel->ep, &av->fid->fid, 0);
     if (ret != 0) {
         ucs_error("%s: fi_ep_bind(av) failed: %s", channel->name,
                   fi_strerror(-ret));
@@ -411,7 +507,8 @@ uct_usnic_channel_fault_init(uct_usnic_channel_t *channel,
 
 ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                                     uct_base_iface_t *iface,
-                                    uct_usnic_md_t *md, struct fid_av *av,
+                                    uct_usnic_md_t *md,
+                                    const uct_usnic_av_t *av,
                                     const uct_usnic_channel_params_t *params)
 {
     const struct fi_info *info = md->info;
@@ -420,6 +517,9 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
     ucs_status_t status;
 
     channel->iface        = iface;
+    channel->av           = av;
+    channel->ops          = md->kernel ? &uct_usnic_sock_ops :
+                                         &uct_usnic_channel_fi_ops;
     channel->name         = params->name;
     channel->rx_cb        = params->rx_cb;
     channel->rx_queue_len = params->rx_queue_len;
@@ -455,10 +555,15 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
         align_offset = channel->rx_offset;
     }
 
-    status = uct_usnic_channel_open_ep(channel, info, md->domain, av,
-                                       params->port_range,
-                                       params->rx_queue_len +
-                                       params->tx_queue_len, params->wakeup);
+    if (md->kernel) {
+        status = uct_usnic_sock_open(channel, info, params);
+    } else {
+        status = uct_usnic_channel_open_ep(channel, info, md->domain, av,
+                                           params->port_range,
+                                           params->rx_queue_len +
+                                           params->tx_queue_len,
+                                           params->wakeup);
+    }
     if (status != UCS_OK) {
         return status;
     }
@@ -473,7 +578,11 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
         goto err_close_ep;
     }
 
-    if (uct_usnic_channel_post_recv(channel, channel->rx_queue_len) == 0) {
+    if (md->kernel) {
+        /* The socket buffer, sized for the queue, is always posted */
+        channel->rx_posted = channel->rx_queue_len;
+    } else if (uct_usnic_channel_post_recv(channel,
+                                           channel->rx_queue_len) == 0) {
         ucs_error("%s: could not post any receive buffer", channel->name);
         status = UCS_ERR_NO_RESOURCE;
         goto err_cleanup;
@@ -497,40 +606,98 @@ err_cleanup:
     uct_usnic_channel_cleanup(channel);
     return status;
 err_close_ep:
-    fi_close(&channel->ep->fid);
-    fi_close(&channel->cq->fid);
+    channel->ops->cleanup(channel);
     return status;
 }
 
 void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel)
 {
-    uct_usnic_rx_desc_t *desc, *tmp;
-    int ret;
-
     if (channel->fault != NULL) {
         uct_usnic_fault_cleanup(channel->fault);
         ucs_free(channel->fault);
         channel->fault = NULL;
     }
 
-    ret = fi_close(&channel->ep->fid);
-    if (ret != 0) {
-        ucs_warn("%s: fi_close(ep) failed: %s", channel->name,
-                 fi_strerror(-ret));
-    }
-
-    /* The endpoint is gone: its posted buffers are ours again */
-    ucs_list_for_each_safe(desc, tmp, &channel->rx_posted_list, list) {
-        ucs_list_del(&desc->list);
-        ucs_mpool_put_inline(desc);
-    }
-    channel->rx_posted = 0;
-
-    ret = fi_close(&channel->cq->fid);
-    if (ret != 0) {
-        ucs_warn("%s: fi_close(cq) failed: %s", channel->name,
-                 fi_strerror(-ret));
-    }
-
+    channel->ops->cleanup(channel);
     ucs_mpool_cleanup(&channel->rx_mp, 1);
+}
+
+ucs_status_t uct_usnic_av_open(uct_usnic_av_t *av, uct_usnic_md_t *md)
+{
+    struct fi_av_attr av_attr = {
+        .type  = FI_AV_TABLE,
+        .count = 256
+    };
+    int ret;
+
+    av->fid      = NULL;
+    av->addrs    = NULL;
+    av->count    = 0;
+    av->capacity = 0;
+    if (md->kernel) {
+        return UCS_OK;
+    }
+
+    ret = fi_av_open(md->domain, &av_attr, &av->fid, NULL);
+    if (ret != 0) {
+        ucs_error("fi_av_open(%s) failed: %s", md->info->domain_attr->name,
+                  fi_strerror(-ret));
+        return UCS_ERR_IO_ERROR;
+    }
+
+    return UCS_OK;
+}
+
+void uct_usnic_av_close(uct_usnic_av_t *av)
+{
+    int ret;
+
+    ucs_free(av->addrs);
+    if (av->fid == NULL) {
+        return;
+    }
+
+    ret = fi_close(&av->fid->fid);
+    if (ret != 0) {
+        ucs_warn("fi_close(av) failed: %s", fi_strerror(-ret));
+    }
+}
+
+ucs_status_t uct_usnic_av_insert(uct_usnic_av_t *av,
+                                 const struct sockaddr_in *addr,
+                                 fi_addr_t *fi_addr_p)
+{
+    char str[UCS_SOCKADDR_STRING_LEN];
+    struct sockaddr_in *addrs;
+    size_t capacity;
+    int ret;
+
+    if (av->fid != NULL) {
+        ret = fi_av_insert(av->fid, addr, 1, fi_addr_p, 0, NULL);
+        if (ret != 1) {
+            ucs_error("fi_av_insert(%s) failed: %s",
+                      ucs_sockaddr_str((const struct sockaddr*)addr, str,
+                                       sizeof(str)),
+                      fi_strerror((ret < 0) ? -ret : FI_EOTHER));
+            return UCS_ERR_IO_ERROR;
+        }
+        return UCS_OK;
+    }
+
+    if (av->count == av->capacity) {
+        capacity = ucs_max(av->capacity * 2, 16);
+        addrs    = ucs_realloc(av->addrs, capacity * sizeof(*addrs),
+                               "usnic_av");
+        if (addrs == NULL) {
+            ucs_error("failed to grow the usnic address table to %zu",
+                      capacity);
+            return UCS_ERR_NO_MEMORY;
+        }
+        av->addrs    = addrs;
+        av->capacity = capacity;
+    }
+
+    av->addrs[av->count] = *addr;
+    *fi_addr_p           = av->count++;
+    return UCS_OK;
 }

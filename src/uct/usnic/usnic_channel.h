@@ -17,9 +17,48 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <netinet/in.h>
+#include <sys/uio.h>
 
 
 typedef struct uct_usnic_channel uct_usnic_channel_t;
+
+
+/**
+ * Peers' addresses, shared by the channels of an iface. A fi_addr_t names
+ * an entry: libfabric's address vector, or on the kernel provider an index
+ * into the table of socket addresses.
+ */
+typedef struct uct_usnic_av {
+    struct fid_av      *fid;      /* NULL on the kernel provider */
+    struct sockaddr_in *addrs;    /* Kernel provider's table */
+    size_t             count;
+    size_t             capacity;
+} uct_usnic_av_t;
+
+
+/**
+ * What differs between carrying datagrams on a libfabric endpoint and on a
+ * kernel UDP socket (usnic_sock.c). Buffers start with the provider's
+ * prefix room; lengths include it.
+ */
+typedef struct uct_usnic_channel_ops {
+    /* Send one datagram; 0, or a negative errno (-FI_EAGAIN when full) */
+    ssize_t  (*send)(uct_usnic_channel_t *channel, const void *buffer,
+                     size_t length, fi_addr_t dest);
+    /* Send datagrams to one peer, in order; returns how many went */
+    unsigned (*send_burst)(uct_usnic_channel_t *channel,
+                           const struct iovec *dgrams, unsigned count,
+                           fi_addr_t dest);
+    /* Take up to max_events received datagrams */
+    unsigned (*progress)(uct_usnic_channel_t *channel, unsigned max_events);
+    /* Nothing received is waiting: the wait fd may be slept on */
+    int      (*may_wait)(uct_usnic_channel_t *channel);
+    void     (*cleanup)(uct_usnic_channel_t *channel);
+} uct_usnic_channel_ops_t;
+
+
+/* Most datagrams handed to a provider in one burst */
+#define UCT_USNIC_CHANNEL_MAX_BURST 64
 
 
 /* Bytes of the end-to-end checksum at the end of a datagram, when on */
@@ -67,6 +106,8 @@ typedef struct uct_usnic_channel_params {
     uct_usnic_channel_rx_cb_t rx_cb;
     int                       checksum;     /* End-to-end checksum */
     int                       wakeup;       /* CQ with a wait fd */
+    int                       coalesce;     /* Bursts from a peer may come
+                                               as one buffer (UDP_GRO) */
     unsigned                  id;           /* For the fault injector */
     const uct_usnic_fault_config_t *fault;
 } uct_usnic_channel_params_t;
@@ -78,8 +119,21 @@ typedef struct uct_usnic_channel_params {
  */
 struct uct_usnic_channel {
     uct_base_iface_t          *iface;       /* Owner */
-    struct fid_ep             *ep;
+    const uct_usnic_channel_ops_t *ops;
+    const uct_usnic_av_t      *av;
+    struct fid_ep             *ep;          /* libfabric provider */
     struct fid_cq             *cq;
+    struct {
+        int                   fd;           /* Kernel provider's socket */
+        int                   gso;          /* UDP_SEGMENT sends work */
+        int                   gro;          /* UDP_GRO receives asked */
+        unsigned              num_slots;    /* Datagrams per recvmmsg */
+        size_t                slot_size;
+        void                  *slots;       /* Receive staging buffers */
+        struct mmsghdr        *msgs;
+        struct iovec          *iovs;
+        void                  *cmsgs;
+    } sock;
     uct_usnic_channel_rx_cb_t rx_cb;
     size_t                    prefix_size;  /* FI_MSG_PREFIX room */
     size_t                    rx_offset;    /* Datagram offset in a desc */
@@ -101,26 +155,61 @@ struct uct_usnic_channel {
 };
 
 
+ucs_status_t uct_usnic_av_open(uct_usnic_av_t *av, uct_usnic_md_t *md);
+
+
+void uct_usnic_av_close(uct_usnic_av_t *av);
+
+
+ucs_status_t uct_usnic_av_insert(uct_usnic_av_t *av,
+                                 const struct sockaddr_in *addr,
+                                 fi_addr_t *fi_addr_p);
+
+
 ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                                     uct_base_iface_t *iface,
-                                    uct_usnic_md_t *md, struct fid_av *av,
+                                    uct_usnic_md_t *md,
+                                    const uct_usnic_av_t *av,
                                     const uct_usnic_channel_params_t *params);
 
 
 void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel);
 
 
-unsigned uct_usnic_channel_progress(uct_usnic_channel_t *channel,
-                                    unsigned max_events);
-
-
 void uct_usnic_channel_checksum_put(void *datagram, size_t length);
+
+
+/* Hand a received datagram, lying in desc's data area, to the user */
+void uct_usnic_channel_rx_deliver(uct_usnic_channel_t *channel,
+                                  uct_usnic_rx_desc_t *desc, size_t length);
+
+
+/* The kernel provider (usnic_sock.c) */
+extern const uct_usnic_channel_ops_t uct_usnic_sock_ops;
+
+
+ucs_status_t uct_usnic_sock_open(uct_usnic_channel_t *channel,
+                                 const struct fi_info *info,
+                                 const uct_usnic_channel_params_t *params);
+
+
+static UCS_F_ALWAYS_INLINE unsigned
+uct_usnic_channel_progress(uct_usnic_channel_t *channel, unsigned max_events)
+{
+    unsigned count = channel->ops->progress(channel, max_events);
+
+    if (ucs_unlikely(channel->fault != NULL)) {
+        uct_usnic_fault_progress(channel);
+    }
+
+    return count;
+}
 
 
 /*
  * Send a datagram. The buffer starts with the provider's prefix room and has
- * room for a checksum after the length bytes of the datagram. Returns what
- * fi_inject returns.
+ * room for a checksum after the length bytes of the datagram. Returns 0, or
+ * a negative errno: -FI_EAGAIN when the send queue is full.
  */
 static UCS_F_ALWAYS_INLINE ssize_t
 uct_usnic_channel_send(uct_usnic_channel_t *channel, void *buffer,
@@ -137,8 +226,19 @@ uct_usnic_channel_send(uct_usnic_channel_t *channel, void *buffer,
                                     channel->prefix_size + length, dest);
     }
 
-    return fi_inject(channel->ep, buffer, channel->prefix_size + length, dest);
+    return channel->ops->send(channel, buffer, channel->prefix_size + length,
+                              dest);
 }
+
+
+/*
+ * Send datagrams to one peer, in order, as few system calls as the provider
+ * allows. Each iovec is a datagram laid out as for uct_usnic_channel_send;
+ * its length grows by the checksum. Returns how many were sent.
+ */
+unsigned uct_usnic_channel_send_burst(uct_usnic_channel_t *channel,
+                                      struct iovec *dgrams, unsigned count,
+                                      fi_addr_t dest);
 
 
 /*

@@ -191,7 +191,7 @@ static void uct_usnic_ep_post_fragments(uct_usnic_ep_t *ep, uint8_t id,
     size_t max_frag          = (put == NULL) ? iface->config.max_payload :
                                                iface->config.put_max_payload;
     size_t offset            = 0;
-    uct_usnic_tx_desc_t *desc;
+    uct_usnic_tx_desc_t *desc, *first = NULL;
     size_t frag_len;
     void *body;
 
@@ -211,13 +211,20 @@ static void uct_usnic_ep_post_fragments(uct_usnic_ep_t *ep, uint8_t id,
         }
         memcpy(UCS_PTR_BYTE_OFFSET(body, ext_len),
                UCS_PTR_BYTE_OFFSET(data, offset), frag_len);
-        uct_usnic_tx_post(ep, desc,
-                          (put == NULL) ? UCT_USNIC_PKT_AM : UCT_USNIC_PKT_PUT,
-                          id, flags, ext_len + frag_len);
+        uct_usnic_tx_queue(ep, desc,
+                           (put == NULL) ? UCT_USNIC_PKT_AM :
+                                           UCT_USNIC_PKT_PUT,
+                           id, flags, ext_len + frag_len);
+        if (first == NULL) {
+            first = desc;
+        }
 
         offset += frag_len;
         flags   = 0;
     } while (offset < length);
+
+    /* The whole message at once: one system call where the provider can */
+    uct_usnic_tx_send_queued(ep, first);
     uct_usnic_iface_leave(iface);
 }
 

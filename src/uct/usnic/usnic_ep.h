@@ -134,10 +134,23 @@ ucs_arbiter_cb_result_t uct_usnic_ep_do_pending(ucs_arbiter_t *arbiter,
 
 /* Send engine (usnic_tx.c) */
 
+/* Put one datagram of a message in the window, to be sent by
+ * uct_usnic_tx_send_queued(); the caller has entered the iface */
+void uct_usnic_tx_queue(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
+                        uint8_t type, uint8_t am_id, uint8_t flags,
+                        size_t body_length);
+
+/* Send the datagrams queued since first, as one burst */
+void uct_usnic_tx_send_queued(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first);
+
 /* Send one datagram of a message; the caller has entered the iface */
-void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
-                       uint8_t type, uint8_t am_id, uint8_t flags,
-                       size_t body_length);
+static UCS_F_ALWAYS_INLINE void
+uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc, uint8_t type,
+                  uint8_t am_id, uint8_t flags, size_t body_length)
+{
+    uct_usnic_tx_queue(ep, desc, type, am_id, flags, body_length);
+    uct_usnic_tx_send_queued(ep, desc);
+}
 
 void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
                              const uct_usnic_ack_ext_t *ack,

@@ -80,17 +80,6 @@ ucs_status_t uct_usnic_iface_event_fd_get(uct_iface_h tl_iface, int *fd_p)
     return ucs_event_set_fd_get(iface->event_set, fd_p);
 }
 
-/* Nothing left in the channel's completion queue: waiting is safe. This
- * also clears the wait object's own signal. */
-static int uct_usnic_iface_channel_may_wait(uct_usnic_iface_t *iface,
-                                            uct_usnic_channel_t *channel)
-{
-    uct_usnic_md_t *md = ucs_derived_of(iface->super.md, uct_usnic_md_t);
-    struct fid *fid    = &channel->cq->fid;
-
-    return fi_trywait(md->fabric, &fid, 1) == FI_SUCCESS;
-}
-
 ucs_status_t uct_usnic_iface_event_arm(uct_iface_h tl_iface, unsigned events)
 {
     uct_usnic_iface_t *iface = ucs_derived_of(tl_iface, uct_usnic_iface_t);
@@ -117,7 +106,7 @@ ucs_status_t uct_usnic_iface_event_arm(uct_iface_h tl_iface, unsigned events)
         status = UCS_ERR_BUSY;
     }
     for (id = 0; (id < UCT_USNIC_CHANNEL_LAST) && (status == UCS_OK); ++id) {
-        if (!uct_usnic_iface_channel_may_wait(iface, &iface->channels[id])) {
+        if (!iface->channels[id].ops->may_wait(&iface->channels[id])) {
             status = UCS_ERR_BUSY;
         }
     }

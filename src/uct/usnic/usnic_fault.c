@@ -147,7 +147,8 @@ static void uct_usnic_fault_release(uct_usnic_channel_t *channel,
                                (after_send && held->after_next) ||
                                (held->due <= now)) {
         /* A held datagram the send queue refuses is lost */
-        (void)fi_inject(channel->ep, held->data, held->length, held->dest);
+        (void)channel->ops->send(channel, held->data, held->length,
+                                 held->dest);
         ucs_free(held);
     }
 }
@@ -190,10 +191,10 @@ ssize_t uct_usnic_fault_send(uct_usnic_channel_t *channel, void *buffer,
         return 0;
     }
 
-    ret = fi_inject(channel->ep, buffer, length, dest);
+    ret = channel->ops->send(channel, buffer, length, dest);
     if (ret == 0) {
         if (uct_usnic_fault_hit(fault, UCT_USNIC_FAULT_DUPLICATE)) {
-            (void)fi_inject(channel->ep, buffer, length, dest);
+            (void)channel->ops->send(channel, buffer, length, dest);
         }
         uct_usnic_fault_release(channel, 1);
     }

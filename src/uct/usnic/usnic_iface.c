@@ -41,8 +41,9 @@ static const struct {
     double     latency;  /* One way, seconds */
     double     overhead; /* Sender CPU per datagram, seconds */
 } uct_usnic_provider_costs[] = {
-    {"usnic", 2e-6, 0.3e-6},
-    {"udp",   7e-6, 2.5e-6}  /* also for any other provider */
+    {"usnic",  2e-6, 0.3e-6},
+    {"kernel", 6e-6, 1e-6},
+    {"udp",    7e-6, 2.5e-6}  /* also for any other provider */
 };
 
 
@@ -552,18 +553,8 @@ ucs_status_t uct_usnic_iface_av_insert(uct_usnic_iface_t *iface,
         .sin_port        = port,
         .sin_addr.s_addr = in_addr
     };
-    char str[UCS_SOCKADDR_STRING_LEN];
-    int ret;
 
-    ret = fi_av_insert(iface->av, &addr, 1, fi_addr_p, 0, NULL);
-    if (ret != 1) {
-        ucs_error("fi_av_insert(%s) failed: %s",
-                  ucs_sockaddr_str((struct sockaddr*)&addr, str, sizeof(str)),
-                  fi_strerror((ret < 0) ? -ret : FI_EOTHER));
-        return UCS_ERR_IO_ERROR;
-    }
-
-    return UCS_OK;
+    return uct_usnic_av_insert(&iface->av, &addr, fi_addr_p);
 }
 
 void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
@@ -679,35 +670,6 @@ static void uct_usnic_iface_init_costs(uct_usnic_iface_t *iface,
                                iface->config.mtu / (2 * iface->overhead));
 }
 
-static ucs_status_t uct_usnic_iface_open_av(uct_usnic_iface_t *iface,
-                                            uct_usnic_md_t *md)
-{
-    struct fi_av_attr av_attr = {
-        .type  = FI_AV_TABLE,
-        .count = 256
-    };
-    int ret;
-
-    ret = fi_av_open(md->domain, &av_attr, &iface->av, NULL);
-    if (ret != 0) {
-        ucs_error("fi_av_open(%s) failed: %s", md->info->domain_attr->name,
-                  fi_strerror(-ret));
-        return UCS_ERR_IO_ERROR;
-    }
-
-    return UCS_OK;
-}
-
-static void uct_usnic_iface_close_av(uct_usnic_iface_t *iface)
-{
-    int ret;
-
-    ret = fi_close(&iface->av->fid);
-    if (ret != 0) {
-        ucs_warn("fi_close(av) failed: %s", fi_strerror(-ret));
-    }
-}
-
 static ucs_status_t
 uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
                               const uct_iface_params_t *params,
@@ -722,6 +684,7 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
         },
         [UCT_USNIC_CHANNEL_DATA] = {
             .name         = uct_usnic_channel_names[UCT_USNIC_CHANNEL_DATA],
+            .coalesce     = 1,
             .rx_queue_len = config->rx_queue_len,
             .rx_headroom  = iface->config.rx_headroom,
             .am_offset    = sizeof(uct_usnic_hdr_t),
@@ -746,7 +709,7 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
         ch_params[id].fault        = &config->fault;
 
         status = uct_usnic_channel_init(&iface->channels[id], &iface->super,
-                                        md, iface->av, &ch_params[id]);
+                                        md, &iface->av, &ch_params[id]);
         if (status != UCS_OK) {
             goto err_cleanup;
         }
@@ -1110,7 +1073,7 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
         goto err_cleanup_tables;
     }
 
-    status = uct_usnic_iface_open_av(self, md);
+    status = uct_usnic_av_open(&self->av, md);
     if (status != UCS_OK) {
         goto err_cleanup_buffers;
     }
@@ -1154,7 +1117,7 @@ err_cleanup_events:
 err_cleanup_channels:
     uct_usnic_iface_cleanup_channels(self);
 err_close_av:
-    uct_usnic_iface_close_av(self);
+    uct_usnic_av_close(&self->av);
 err_cleanup_buffers:
     uct_usnic_iface_cleanup_buffers(self);
 err_cleanup_tables:
@@ -1205,7 +1168,7 @@ static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t)
     uct_usnic_iface_event_cleanup(self);
     uct_usnic_iface_cleanup_channels(self);
 
-    uct_usnic_iface_close_av(self);
+    uct_usnic_av_close(&self->av);
     uct_usnic_iface_cleanup_buffers(self);
     uct_usnic_iface_cleanup_tables(self);
 }

@@ -124,7 +124,7 @@ typedef struct uct_usnic_iface_config {
 
 typedef struct uct_usnic_iface {
     uct_base_iface_t        super;
-    struct fid_av           *av;
+    uct_usnic_av_t          av;
     uct_usnic_channel_t     channels[UCT_USNIC_CHANNEL_LAST];
     uct_usnic_device_addr_t dev_addr;
     uint32_t                incarnation;

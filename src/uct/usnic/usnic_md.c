@@ -26,9 +26,11 @@ static ucs_config_field_t uct_usnic_md_config_table[] = {
      UCS_CONFIG_TYPE_TABLE(uct_md_config_table)},
 
     {"PROVIDER", UCT_USNIC_PROVIDER_AUTO,
-     "libfabric provider whose FI_EP_DGRAM endpoints carry the traffic.\n"
-     "\"auto\" selects \"usnic\" (Cisco VIC) when it is present, otherwise\n"
-     "\"udp\". Any provider offering FI_EP_DGRAM with IPv4 addresses works.",
+     "What carries the datagrams: \"kernel\", the built-in provider over the\n"
+     "kernel's UDP sockets (batched, with segmentation offload), or a\n"
+     "libfabric provider offering FI_EP_DGRAM with IPv4 addresses, such as\n"
+     "\"usnic\" (Cisco VIC) or \"udp\". \"auto\" selects \"usnic\" when\n"
+     "libfabric finds it, otherwise \"udp\".",
      ucs_offsetof(uct_usnic_md_config_t, provider), UCS_CONFIG_TYPE_STRING},
 
     {NULL}
@@ -152,7 +154,9 @@ uct_usnic_fi_getinfo_provider(const char *provider, const char *domain_name,
 
 /*
  * Find the DGRAM domains of the configured provider (all of them, or the one
- * named domain_name). With "auto", prefer usnic hardware over plain UDP.
+ * named domain_name). With "auto", prefer usnic hardware over libfabric's
+ * portable udp provider; the built-in kernel provider is taken by name
+ * until it has passed every suite on every leg.
  */
 static ucs_status_t uct_usnic_fi_getinfo(const char *provider,
                                          const char *domain_name,
@@ -163,34 +167,37 @@ static ucs_status_t uct_usnic_fi_getinfo(const char *provider,
     ucs_status_t status;
     unsigned i;
 
-    if (strcmp(provider, UCT_USNIC_PROVIDER_AUTO) != 0) {
-        status = uct_usnic_fi_getinfo_provider(provider, domain_name, info_p);
-        if (status == UCS_ERR_NO_DEVICE) {
-            uct_usnic_dgram_providers(available, sizeof(available));
-            ucs_error("UCX_USNIC_PROVIDER=%s: libfabric %u.%u has no such "
-                      "provider offering FI_EP_DGRAM with IPv4 addresses%s%s "
-                      "(providers with datagram endpoints: %s)",
-                      provider, FI_MAJOR(fi_version()),
-                      FI_MINOR(fi_version()),
-                      (domain_name != NULL) ? " on " : "",
-                      (domain_name != NULL) ? domain_name : "", available);
-        }
-        return status;
+    if (!strcmp(provider, UCT_USNIC_PROVIDER_KERNEL)) {
+        return uct_usnic_sock_getinfo(domain_name, info_p);
     }
 
-    for (i = 0; i < ucs_static_array_size(auto_providers); ++i) {
-        status = uct_usnic_fi_getinfo_provider(auto_providers[i], domain_name,
-                                               info_p);
-        if (status != UCS_ERR_NO_DEVICE) {
-            return status;
-        }
+    if (!strcmp(provider, UCT_USNIC_PROVIDER_AUTO)) {
+        for (i = 0; i < ucs_static_array_size(auto_providers); ++i) {
+            status = uct_usnic_fi_getinfo_provider(auto_providers[i],
+                                                   domain_name, info_p);
+            if (status != UCS_ERR_NO_DEVICE) {
+                return status;
+            }
 
-        ucs_debug("libfabric provider %s offers no datagram endpoints%s%s",
-                  auto_providers[i], (domain_name != NULL) ? " on " : "",
-                  (domain_name != NULL) ? domain_name : "");
+            ucs_debug("libfabric provider %s offers no datagram endpoints%s%s",
+                      auto_providers[i], (domain_name != NULL) ? " on " : "",
+                      (domain_name != NULL) ? domain_name : "");
+        }
+        return UCS_ERR_NO_DEVICE;
     }
 
-    return UCS_ERR_NO_DEVICE;
+    status = uct_usnic_fi_getinfo_provider(provider, domain_name, info_p);
+    if (status == UCS_ERR_NO_DEVICE) {
+        uct_usnic_dgram_providers(available, sizeof(available));
+        ucs_error("UCX_USNIC_PROVIDER=%s: libfabric %u.%u has no such "
+                  "provider offering FI_EP_DGRAM with IPv4 addresses%s%s "
+                  "(providers with datagram endpoints: %s; built in: %s)",
+                  provider, FI_MAJOR(fi_version()), FI_MINOR(fi_version()),
+                  (domain_name != NULL) ? " on " : "",
+                  (domain_name != NULL) ? domain_name : "", available,
+                  UCT_USNIC_PROVIDER_KERNEL);
+    }
+    return status;
 }
 
 static ucs_status_t
@@ -449,10 +456,13 @@ out:
     return result;
 }
 
-static void uct_usnic_md_close(uct_md_h uct_md)
+static void uct_usnic_md_close_domain(uct_usnic_md_t *md)
 {
-    uct_usnic_md_t *md = ucs_derived_of(uct_md, uct_usnic_md_t);
     int ret;
+
+    if (md->kernel) {
+        return;
+    }
 
     ret = fi_close(&md->domain->fid);
     if (ret != 0) {
@@ -465,7 +475,13 @@ static void uct_usnic_md_close(uct_md_h uct_md)
         ucs_warn("fi_close(fabric %s) failed: %s", md->info->fabric_attr->name,
                  fi_strerror(-ret));
     }
+}
 
+static void uct_usnic_md_close(uct_md_h uct_md)
+{
+    uct_usnic_md_t *md = ucs_derived_of(uct_md, uct_usnic_md_t);
+
+    uct_usnic_md_close_domain(md);
     ucs_ptr_array_cleanup(&md->regs, 1);
     ucs_spinlock_destroy(&md->regs_lock);
     fi_freeinfo(md->info);
@@ -491,6 +507,33 @@ static uct_md_ops_t uct_usnic_md_ops = {
     UCT_USNIC_MD_OPS_VERSIONED
 };
 
+/* Open libfabric's fabric and domain; the kernel provider needs neither */
+static ucs_status_t uct_usnic_md_open_domain(uct_usnic_md_t *md)
+{
+    int ret;
+
+    if (md->kernel) {
+        return UCS_OK;
+    }
+
+    ret = fi_fabric(md->info->fabric_attr, &md->fabric, NULL);
+    if (ret != 0) {
+        ucs_error("fi_fabric(%s) failed: %s", md->info->fabric_attr->name,
+                  fi_strerror(-ret));
+        return UCS_ERR_IO_ERROR;
+    }
+
+    ret = fi_domain(md->fabric, md->info, &md->domain, NULL);
+    if (ret != 0) {
+        ucs_error("fi_domain(%s) failed: %s", md->info->domain_attr->name,
+                  fi_strerror(-ret));
+        fi_close(&md->fabric->fid);
+        return UCS_ERR_IO_ERROR;
+    }
+
+    return UCS_OK;
+}
+
 static ucs_status_t
 uct_usnic_md_open(uct_component_t *component, const char *md_name,
                   const uct_md_config_t *uct_md_config, uct_md_h *md_p)
@@ -499,7 +542,6 @@ uct_usnic_md_open(uct_component_t *component, const char *md_name,
             ucs_derived_of(uct_md_config, uct_usnic_md_config_t);
     uct_usnic_md_t *md;
     ucs_status_t status;
-    int ret;
 
     md = ucs_calloc(1, sizeof(*md), "usnic_md");
     if (md == NULL) {
@@ -509,26 +551,18 @@ uct_usnic_md_open(uct_component_t *component, const char *md_name,
 
     status = uct_usnic_fi_getinfo(md_config->provider, md_name, &md->info);
     if (status == UCS_ERR_NO_DEVICE) {
-        ucs_error("usnic: no libfabric datagram domain %s (provider %s)",
-                  md_name, md_config->provider);
+        ucs_error("usnic: no datagram domain %s (provider %s)", md_name,
+                  md_config->provider);
         goto err_free_md;
     } else if (status != UCS_OK) {
         goto err_free_md;
     }
 
-    ret = fi_fabric(md->info->fabric_attr, &md->fabric, NULL);
-    if (ret != 0) {
-        ucs_error("fi_fabric(%s) failed: %s", md->info->fabric_attr->name,
-                  fi_strerror(-ret));
-        status = UCS_ERR_IO_ERROR;
+    md->kernel = !strcmp(md->info->fabric_attr->prov_name,
+                         UCT_USNIC_PROVIDER_KERNEL);
+    status     = uct_usnic_md_open_domain(md);
+    if (status != UCS_OK) {
         goto err_free_info;
-    }
-
-    ret = fi_domain(md->fabric, md->info, &md->domain, NULL);
-    if (ret != 0) {
-        ucs_error("fi_domain(%s) failed: %s", md_name, fi_strerror(-ret));
-        status = UCS_ERR_IO_ERROR;
-        goto err_close_fabric;
     }
 
     status = ucs_spinlock_init(&md->regs_lock, 0);
@@ -547,9 +581,7 @@ uct_usnic_md_open(uct_component_t *component, const char *md_name,
     return UCS_OK;
 
 err_close_domain:
-    fi_close(&md->domain->fid);
-err_close_fabric:
-    fi_close(&md->fabric->fid);
+    uct_usnic_md_close_domain(md);
 err_free_info:
     fi_freeinfo(md->info);
 err_free_md:

@@ -21,24 +21,29 @@
 #define UCT_USNIC_FI_VERSION FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION)
 
 
-/* Provider choice: the usNIC one when the machine has a Cisco VIC, else the
- * portable UDP one */
-#define UCT_USNIC_PROVIDER_AUTO "auto"
+/* Provider choice: libfabric's usNIC one when the machine has a Cisco VIC,
+ * else its portable UDP one; or the built-in one over the kernel's UDP
+ * sockets */
+#define UCT_USNIC_PROVIDER_AUTO   "auto"
+#define UCT_USNIC_PROVIDER_KERNEL "kernel"
 
 
 typedef struct uct_usnic_md_config {
     uct_md_config_t super;
-    char            *provider; /* libfabric provider name, or "auto" */
+    char            *provider; /* libfabric provider, "kernel" or "auto" */
 } uct_usnic_md_config_t;
 
 
 /**
- * One memory domain per libfabric DGRAM domain: the MD owns the fabric and
- * the domain, ifaces open their endpoints on it.
+ * One memory domain per libfabric DGRAM domain, or per IPv4 interface on the
+ * kernel provider: the MD owns libfabric's fabric and domain, ifaces open
+ * their endpoints on it.
  */
 typedef struct uct_usnic_md {
     uct_md_t           super;
     struct fi_info     *info;   /* Description of the domain */
+    int                kernel;  /* Built-in kernel provider: no fabric and
+                                   no domain */
     struct fid_fabric  *fabric;
     struct fid_domain  *domain;
     int                mr_local; /* Provider needs local registration */
@@ -79,6 +84,12 @@ typedef enum {
 
 
 extern uct_component_t uct_usnic_component;
+
+
+/* The IPv4 interfaces (the one named domain_name), described as libfabric
+ * describes its domains, for the kernel provider (usnic_sock.c) */
+ucs_status_t uct_usnic_sock_getinfo(const char *domain_name,
+                                    struct fi_info **info_p);
 
 
 uct_usnic_md_put_result_t

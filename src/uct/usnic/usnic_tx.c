@@ -16,6 +16,37 @@
 #include <rdma/fi_errno.h>
 
 
+static UCS_F_ALWAYS_INLINE void *
+uct_usnic_tx_desc_dgram(uct_usnic_iface_t *iface, uct_usnic_tx_desc_t *desc)
+{
+    return UCS_PTR_BYTE_OFFSET(uct_usnic_tx_desc_hdr(iface, desc),
+                               -iface->channels[UCT_USNIC_CHANNEL_DATA]
+                                        .prefix_size);
+}
+
+static UCS_F_ALWAYS_INLINE void
+uct_usnic_tx_sent(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
+                  ucs_time_t now)
+{
+    if (ucs_unlikely(desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT)) {
+        desc->flags &= ~UCT_USNIC_TX_DESC_FLAG_UNSENT;
+        --ep->unsent;
+    }
+    desc->send_time = now;
+}
+
+/* Kept in the window: the timer sends it as soon as it can */
+static void uct_usnic_tx_unsent(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
+                                uct_usnic_tx_desc_t *desc, ucs_time_t now)
+{
+    if (!(desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT)) {
+        desc->flags |= UCT_USNIC_TX_DESC_FLAG_UNSENT;
+        ++ep->unsent;
+    }
+    desc->send_time         = 0;
+    iface->next_timer_check = now;
+}
+
 /* Send one datagram of the window (again) */
 static void uct_usnic_tx_send(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
                               uct_usnic_tx_desc_t *desc, ucs_time_t now)
@@ -23,17 +54,10 @@ static void uct_usnic_tx_send(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
     uct_usnic_channel_t *channel = &iface->channels[UCT_USNIC_CHANNEL_DATA];
     ssize_t ret;
 
-    ret = uct_usnic_channel_send(channel,
-                                 UCS_PTR_BYTE_OFFSET(
-                                         uct_usnic_tx_desc_hdr(iface, desc),
-                                         -channel->prefix_size),
+    ret = uct_usnic_channel_send(channel, uct_usnic_tx_desc_dgram(iface, desc),
                                  desc->length, ep->peer_fi_addr);
     if (ucs_likely(ret == 0)) {
-        if (ucs_unlikely(desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT)) {
-            desc->flags &= ~UCT_USNIC_TX_DESC_FLAG_UNSENT;
-            --ep->unsent;
-        }
-        desc->send_time = now;
+        uct_usnic_tx_sent(ep, desc, now);
         return;
     }
 
@@ -41,14 +65,58 @@ static void uct_usnic_tx_send(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
         ucs_diag("%s: sending psn %u failed: %s", channel->name, desc->psn,
                  fi_strerror(-ret));
     }
+    uct_usnic_tx_unsent(iface, ep, desc, now);
+}
 
-    /* Kept in the window: the timer sends it as soon as it can */
-    if (!(desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT)) {
-        desc->flags |= UCT_USNIC_TX_DESC_FLAG_UNSENT;
-        ++ep->unsent;
+/* The datagram after desc in the window, NULL after the newest */
+static UCS_F_ALWAYS_INLINE uct_usnic_tx_desc_t *
+uct_usnic_tx_desc_next(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc)
+{
+    return (ep->window.ptail == &desc->queue.next) ? NULL :
+           ucs_container_of(desc->queue.next, uct_usnic_tx_desc_t, queue);
+}
+
+void uct_usnic_tx_send_queued(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first)
+{
+    uct_usnic_iface_t *iface     = uct_usnic_ep_iface(ep);
+    uct_usnic_channel_t *channel = &iface->channels[UCT_USNIC_CHANNEL_DATA];
+    ucs_time_t now               = ucs_get_time();
+    uct_usnic_tx_desc_t *desc    = uct_usnic_tx_desc_next(ep, first);
+    struct iovec dgrams[UCT_USNIC_CHANNEL_MAX_BURST];
+    uct_usnic_tx_desc_t *descs[UCT_USNIC_CHANNEL_MAX_BURST];
+    unsigned count, sent, i;
+
+    if (ucs_likely(desc == NULL)) {
+        uct_usnic_tx_send(iface, ep, first, now); /* A single datagram */
+        return;
     }
-    desc->send_time        = 0;
-    iface->next_timer_check = now;
+
+    desc = first;
+    do {
+        for (count = 0;
+             (desc != NULL) && (count < UCT_USNIC_CHANNEL_MAX_BURST);
+             ++count) {
+            descs[count]           = desc;
+            dgrams[count].iov_base = uct_usnic_tx_desc_dgram(iface, desc);
+            dgrams[count].iov_len  = channel->prefix_size + desc->length;
+            desc                   = uct_usnic_tx_desc_next(ep, desc);
+        }
+
+        sent = uct_usnic_channel_send_burst(channel, dgrams, count,
+                                            ep->peer_fi_addr);
+        for (i = 0; i < count; ++i) {
+            if (i < sent) {
+                uct_usnic_tx_sent(ep, descs[i], now);
+            } else {
+                uct_usnic_tx_unsent(iface, ep, descs[i], now);
+            }
+        }
+    } while ((desc != NULL) && (sent == count));
+
+    /* What the send queue refused waits for the timer, in order */
+    for (; desc != NULL; desc = uct_usnic_tx_desc_next(ep, desc)) {
+        uct_usnic_tx_unsent(iface, ep, desc, now);
+    }
 }
 
 /*
@@ -76,9 +144,9 @@ static int uct_usnic_tx_add_ack(uct_usnic_iface_t *iface,
     return 1;
 }
 
-void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
-                       uint8_t type, uint8_t am_id, uint8_t flags,
-                       size_t body_length)
+void uct_usnic_tx_queue(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
+                        uint8_t type, uint8_t am_id, uint8_t flags,
+                        size_t body_length)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_hdr_t *hdr     = uct_usnic_tx_desc_hdr(iface, desc);
@@ -133,7 +201,6 @@ void uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
 
     ucs_trace_data("ep %p: tx psn %u length %u flags 0x%x", ep, desc->psn,
                    desc->length, flags);
-    uct_usnic_tx_send(iface, ep, desc, ucs_get_time());
 }
 
 static void uct_usnic_tx_desc_release(uct_usnic_iface_t *iface,

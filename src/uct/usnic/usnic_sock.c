@@ -1,0 +1,567 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#ifdef HAVE_CONFIG_H
+#  include "config.h"
+#endif
+
+#include "usnic_channel.h"
+
+#include <ucs/debug/log.h>
+#include <ucs/debug/memtrack_int.h>
+#include <ucs/sys/sock.h>
+#include <ucs/sys/string.h>
+
+#include <rdma/fi_errno.h>
+#include <arpa/inet.h>
+#include <netinet/udp.h>
+#include <net/if.h>
+#include <sys/socket.h>
+#include <ifaddrs.h>
+#include <poll.h>
+#include <errno.h>
+#include <limits.h>
+#include <unistd.h>
+
+/*
+ * The kernel provider: each channel is a UDP socket. The cost of a datagram
+ * is the system call that carries it, so every path carries many: a message
+ * of several datagrams leaves in one sendmsg with UDP segmentation offload
+ * (the kernel cuts it, or hands it whole to a local receiver), receives take
+ * a batch per recvmmsg, and UDP_GRO hands back a peer's burst as one buffer
+ * to split.
+ */
+
+#ifndef SOL_UDP
+#  define SOL_UDP 17
+#endif
+#ifndef UDP_SEGMENT
+#  define UDP_SEGMENT 103 /* Linux 4.18 */
+#endif
+#ifndef UDP_GRO
+#  define UDP_GRO 104     /* Linux 5.0 */
+#endif
+
+/* Most segments, and bytes, the kernel takes in one UDP_SEGMENT send */
+#define UCT_USNIC_SOCK_GSO_MAX_SEGS  64
+#define UCT_USNIC_SOCK_GSO_MAX_BYTES (65535 - 20 - 8)
+
+/* A coalesced receive holds up to one IP packet's worth of a peer's
+ * datagrams */
+#define UCT_USNIC_SOCK_GRO_SLOT_SIZE 65536
+#define UCT_USNIC_SOCK_GRO_SLOTS     8
+#define UCT_USNIC_SOCK_RX_SLOTS      32
+
+/* Largest datagram offered: a jumbo frame's. Loopback stands in for a
+ * network, with Ethernet's frames. */
+#define UCT_USNIC_SOCK_MAX_MTU       9000
+#define UCT_USNIC_SOCK_LOOPBACK_MTU  1500
+#define UCT_USNIC_SOCK_IP_UDP_HDRS   28
+
+/* Bytes of socket buffer a queued datagram costs beyond its payload */
+#define UCT_USNIC_SOCK_SKB_OVERHEAD  512
+
+/* Queue sizes reported for the checks of RX_QUEUE_LEN and TX_QUEUE_LEN */
+#define UCT_USNIC_SOCK_QUEUE_MAX     65536
+
+
+static ssize_t uct_usnic_sock_errno(void)
+{
+    /* A full socket buffer is a full send queue: try again later */
+    return ((errno == EAGAIN) || (errno == EWOULDBLOCK) ||
+            (errno == ENOBUFS) || (errno == EINTR)) ? -FI_EAGAIN : -errno;
+}
+
+static ssize_t uct_usnic_sock_send(uct_usnic_channel_t *channel,
+                                   const void *buffer, size_t length,
+                                   fi_addr_t dest)
+{
+    const struct sockaddr_in *addr = &channel->av->addrs[dest];
+
+    ucs_assert(dest < channel->av->count);
+    if (ucs_likely(sendto(channel->sock.fd, buffer, length, MSG_DONTWAIT,
+                          (const struct sockaddr*)addr, sizeof(*addr)) >= 0)) {
+        return 0;
+    }
+
+    return uct_usnic_sock_errno();
+}
+
+/* How many datagrams from the first one the kernel can segment as one send:
+ * all of the first one's size, but for a shorter last one */
+static unsigned uct_usnic_sock_gso_run(const struct iovec *dgrams,
+                                       unsigned count)
+{
+    size_t seg_size = dgrams[0].iov_len;
+    size_t total    = seg_size;
+    unsigned n;
+
+    for (n = 1; n < ucs_min(count, UCT_USNIC_SOCK_GSO_MAX_SEGS); ++n) {
+        if ((dgrams[n].iov_len > seg_size) ||
+            ((total + dgrams[n].iov_len) > UCT_USNIC_SOCK_GSO_MAX_BYTES)) {
+            break;
+        }
+
+        total += dgrams[n].iov_len;
+        if (dgrams[n].iov_len < seg_size) {
+            return n + 1;
+        }
+    }
+
+    return n;
+}
+
+static ssize_t uct_usnic_sock_send_gso(uct_usnic_channel_t *channel,
+                                       const struct iovec *dgrams,
+                                       unsigned count,
+                                       const struct sockaddr_in *addr)
+{
+    char control[CMSG_SPACE(sizeof(uint16_t))] = {0};
+    struct msghdr msg                          = {
+        .msg_name       = (void*)addr,
+        .msg_namelen    = sizeof(*addr),
+        .msg_iov        = (struct iovec*)dgrams,
+        .msg_iovlen     = count,
+        .msg_control    = control,
+        .msg_controllen = sizeof(control)
+    };
+    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+    uint16_t seg_size    = dgrams[0].iov_len;
+
+    cmsg->cmsg_level = SOL_UDP;
+    cmsg->cmsg_type  = UDP_SEGMENT;
+    cmsg->cmsg_len   = CMSG_LEN(sizeof(seg_size));
+    memcpy(CMSG_DATA(cmsg), &seg_size, sizeof(seg_size));
+
+    return (sendmsg(channel->sock.fd, &msg, MSG_DONTWAIT) >= 0) ?
+           0 : uct_usnic_sock_errno();
+}
+
+static unsigned uct_usnic_sock_send_mmsg(uct_usnic_channel_t *channel,
+                                         const struct iovec *dgrams,
+                                         unsigned count,
+                                         const struct sockaddr_in *addr)
+{
+    struct mmsghdr msgs[UCT_USNIC_CHANNEL_MAX_BURST];
+    unsigned i;
+    int ret;
+
+    count = ucs_min(count, UCT_USNIC_CHANNEL_MAX_BURST);
+    memset(msgs, 0, sizeof(*msgs) * count);
+    for (i = 0; i < count; ++i) {
+        msgs[i].msg_hdr.msg_name    = (void*)addr;
+        msgs[i].msg_hdr.msg_namelen = sizeof(*addr);
+        msgs[i].msg_hdr.msg_iov     = (struct iovec*)&dgrams[i];
+        msgs[i].msg_hdr.msg_iovlen  = 1;
+    }
+
+    ret = sendmmsg(channel->sock.fd, msgs, count, MSG_DONTWAIT);
+    return (ret > 0) ? ret : 0;
+}
+
+static unsigned uct_usnic_sock_send_burst(uct_usnic_channel_t *channel,
+                                          const struct iovec *dgrams,
+                                          unsigned count, fi_addr_t dest)
+{
+    const struct sockaddr_in *addr = &channel->av->addrs[dest];
+    unsigned sent                  = 0;
+    unsigned run, ret;
+    ssize_t status;
+
+    ucs_assert(dest < channel->av->count);
+    while (sent < count) {
+        run = channel->sock.gso ?
+              uct_usnic_sock_gso_run(&dgrams[sent], count - sent) : 1;
+        if (run > 1) {
+            status = uct_usnic_sock_send_gso(channel, &dgrams[sent], run,
+                                             addr);
+            if (status == 0) {
+                sent += run;
+                continue;
+            } else if (status == -FI_EAGAIN) {
+                break;
+            }
+
+            /* No offload on this path: one system call per burst instead */
+            ucs_debug("%s: UDP_SEGMENT send failed (%s), sending without "
+                      "segmentation offload from now on", channel->name,
+                      strerror(-status));
+            channel->sock.gso = 0;
+        }
+
+        ret   = uct_usnic_sock_send_mmsg(channel, &dgrams[sent],
+                                         count - sent, addr);
+        sent += ret;
+        if (ret == 0) {
+            break;
+        }
+    }
+
+    return sent;
+}
+
+/* Segment size of a coalesced receive, or 0 for a single datagram */
+static size_t uct_usnic_sock_gro_size(const struct msghdr *msg)
+{
+    struct cmsghdr *cmsg;
+    int seg_size;
+
+    for (cmsg = CMSG_FIRSTHDR(msg); cmsg != NULL;
+         cmsg = CMSG_NXTHDR((struct msghdr*)msg, cmsg)) {
+        if ((cmsg->cmsg_level == SOL_UDP) && (cmsg->cmsg_type == UDP_GRO)) {
+            memcpy(&seg_size, CMSG_DATA(cmsg), sizeof(seg_size));
+            return (seg_size > 0) ? seg_size : 0;
+        }
+    }
+
+    return 0;
+}
+
+/* Hand every datagram of one received buffer to the user; returns how many */
+static unsigned uct_usnic_sock_rx_slot(uct_usnic_channel_t *channel,
+                                       unsigned index)
+{
+    struct mmsghdr *mmsg = &channel->sock.msgs[index];
+    const void *buffer   = channel->sock.iovs[index].iov_base;
+    size_t length        = mmsg->msg_len;
+    size_t seg_size      = uct_usnic_sock_gro_size(&mmsg->msg_hdr);
+    unsigned count       = 0;
+    uct_usnic_rx_desc_t *desc;
+    size_t offset, seg_len;
+
+    if (ucs_unlikely(mmsg->msg_hdr.msg_flags & MSG_TRUNC)) {
+        /* Larger than any datagram the protocol sends */
+        ucs_debug("%s: dropped a truncated datagram", channel->name);
+        seg_size = 0;
+        length   = 0;
+    }
+
+    if (seg_size == 0) {
+        seg_size = length;
+    }
+
+    for (offset = 0; offset < length; offset += seg_size) {
+        seg_len = ucs_min(seg_size, length - offset);
+        ++count;
+        if (ucs_unlikely(seg_len > channel->max_msg_size)) {
+            continue;
+        }
+
+        desc = ucs_mpool_get_inline(&channel->rx_mp);
+        if (ucs_unlikely(desc == NULL)) {
+            continue; /* Lost; the sender resends it */
+        }
+
+        memcpy(uct_usnic_rx_desc_data(channel, desc),
+               UCS_PTR_BYTE_OFFSET(buffer, offset), seg_len);
+        uct_usnic_channel_rx_deliver(channel, desc, seg_len);
+    }
+
+    /* The kernel wrote these: ready the slot for the next call */
+    mmsg->msg_hdr.msg_controllen = CMSG_SPACE(sizeof(int));
+    mmsg->msg_hdr.msg_flags      = 0;
+    return count;
+}
+
+static unsigned uct_usnic_sock_progress(uct_usnic_channel_t *channel,
+                                        unsigned max_events)
+{
+    unsigned count = 0;
+    unsigned want, i;
+    int ret;
+
+    do {
+        want = ucs_min(channel->sock.num_slots, max_events - count);
+        ret  = recvmmsg(channel->sock.fd, channel->sock.msgs, want,
+                        MSG_DONTWAIT, NULL);
+        if (ret <= 0) {
+            if ((ret < 0) && (errno != EAGAIN) && (errno != EWOULDBLOCK) &&
+                (errno != EINTR)) {
+                ucs_error("%s: recvmmsg failed: %m", channel->name);
+            }
+            break;
+        }
+
+        for (i = 0; i < ret; ++i) {
+            count += uct_usnic_sock_rx_slot(channel, i);
+        }
+        /* Fewer than asked for: the socket is empty */
+    } while ((ret == want) && (count < max_events));
+
+    return count;
+}
+
+static int uct_usnic_sock_may_wait(uct_usnic_channel_t *channel)
+{
+    struct pollfd pfd = {
+        .fd     = channel->sock.fd,
+        .events = POLLIN
+    };
+
+    return poll(&pfd, 1, 0) == 0;
+}
+
+static void uct_usnic_sock_free_slots(uct_usnic_channel_t *channel)
+{
+    ucs_free(channel->sock.cmsgs);
+    ucs_free(channel->sock.iovs);
+    ucs_free(channel->sock.msgs);
+    ucs_free(channel->sock.slots);
+}
+
+static void uct_usnic_sock_cleanup(uct_usnic_channel_t *channel)
+{
+    uct_usnic_sock_free_slots(channel);
+    close(channel->sock.fd);
+}
+
+const uct_usnic_channel_ops_t uct_usnic_sock_ops = {
+    .send       = uct_usnic_sock_send,
+    .send_burst = uct_usnic_sock_send_burst,
+    .progress   = uct_usnic_sock_progress,
+    .may_wait   = uct_usnic_sock_may_wait,
+    .cleanup    = uct_usnic_sock_cleanup
+};
+
+static ucs_status_t uct_usnic_sock_alloc_slots(uct_usnic_channel_t *channel)
+{
+    size_t cmsg_size = CMSG_SPACE(sizeof(int));
+    unsigned i;
+
+    channel->sock.slots = ucs_malloc(channel->sock.num_slots *
+                                     channel->sock.slot_size,
+                                     "usnic_sock_slots");
+    channel->sock.msgs  = ucs_calloc(channel->sock.num_slots,
+                                     sizeof(*channel->sock.msgs),
+                                     "usnic_sock_msgs");
+    channel->sock.iovs  = ucs_calloc(channel->sock.num_slots,
+                                     sizeof(*channel->sock.iovs),
+                                     "usnic_sock_iovs");
+    channel->sock.cmsgs = ucs_calloc(channel->sock.num_slots, cmsg_size,
+                                     "usnic_sock_cmsgs");
+    if ((channel->sock.slots == NULL) || (channel->sock.msgs == NULL) ||
+        (channel->sock.iovs == NULL) || (channel->sock.cmsgs == NULL)) {
+        ucs_error("%s: failed to allocate %u receive buffers of %zu bytes",
+                  channel->name, channel->sock.num_slots,
+                  channel->sock.slot_size);
+        uct_usnic_sock_free_slots(channel);
+        return UCS_ERR_NO_MEMORY;
+    }
+
+    for (i = 0; i < channel->sock.num_slots; ++i) {
+        channel->sock.iovs[i].iov_base = UCS_PTR_BYTE_OFFSET(
+                channel->sock.slots, i * channel->sock.slot_size);
+        channel->sock.iovs[i].iov_len  = channel->sock.slot_size;
+        channel->sock.msgs[i].msg_hdr.msg_iov        = &channel->sock.iovs[i];
+        channel->sock.msgs[i].msg_hdr.msg_iovlen     = 1;
+        channel->sock.msgs[i].msg_hdr.msg_control    =
+                UCS_PTR_BYTE_OFFSET(channel->sock.cmsgs, i * cmsg_size);
+        channel->sock.msgs[i].msg_hdr.msg_controllen = cmsg_size;
+    }
+
+    return UCS_OK;
+}
+
+/* Size a socket buffer; as root beyond the system's limit */
+static void uct_usnic_sock_set_buf(uct_usnic_channel_t *channel, int opt,
+                                   int force_opt, int size)
+{
+    if ((setsockopt(channel->sock.fd, SOL_SOCKET, force_opt, &size,
+                     sizeof(size)) != 0) &&
+        (setsockopt(channel->sock.fd, SOL_SOCKET, opt, &size,
+                    sizeof(size)) != 0)) {
+        ucs_debug("%s: cannot set socket buffer option %d to %d: %m",
+                  channel->name, opt, size);
+    }
+}
+
+/* Bind to the first free port of the range, or to any with 0-0 */
+static ucs_status_t uct_usnic_sock_bind(uct_usnic_channel_t *channel,
+                                        const struct sockaddr_in *src,
+                                        const ucs_range_spec_t *ports)
+{
+    struct sockaddr_in addr = *src;
+    unsigned port;
+
+    for (port = ports->first; port <= ports->last; ++port) {
+        addr.sin_port = htons(port);
+        if (bind(channel->sock.fd, (struct sockaddr*)&addr,
+                 sizeof(addr)) == 0) {
+            return UCS_OK;
+        } else if ((errno != EADDRINUSE) || (ports->first == 0)) {
+            break;
+        }
+    }
+
+    if (ports->first == 0) {
+        ucs_error("%s: bind(%s) failed: %m", channel->name,
+                  inet_ntoa(addr.sin_addr));
+    } else if (errno == EADDRINUSE) {
+        ucs_error("%s: no free port in %sUSNIC_PORT_RANGE=%u-%u",
+                  channel->name, UCS_DEFAULT_ENV_PREFIX, ports->first,
+                  ports->last);
+    } else {
+        ucs_error("%s: bind to port %u of %sUSNIC_PORT_RANGE failed: %m",
+                  channel->name, port, UCS_DEFAULT_ENV_PREFIX);
+    }
+    return UCS_ERR_IO_ERROR;
+}
+
+ucs_status_t uct_usnic_sock_open(uct_usnic_channel_t *channel,
+                                 const struct fi_info *info,
+                                 const uct_usnic_channel_params_t *params)
+{
+    size_t dgram_cost = channel->max_msg_size + UCT_USNIC_SOCK_SKB_OVERHEAD;
+    socklen_t addrlen = sizeof(channel->addr);
+    int one           = 1;
+    ucs_status_t status;
+
+    channel->sock.fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK |
+                                       SOCK_CLOEXEC, 0);
+    if (channel->sock.fd < 0) {
+        ucs_error("%s: socket(AF_INET, SOCK_DGRAM) failed: %m",
+                  channel->name);
+        return UCS_ERR_IO_ERROR;
+    }
+
+    status = uct_usnic_sock_bind(channel, info->src_addr, params->port_range);
+    if (status != UCS_OK) {
+        goto err_close;
+    }
+
+    if ((getsockname(channel->sock.fd, (struct sockaddr*)&channel->addr,
+                     &addrlen) != 0) ||
+        (addrlen != sizeof(channel->addr))) {
+        ucs_error("%s: getsockname failed: %m", channel->name);
+        status = UCS_ERR_IO_ERROR;
+        goto err_close;
+    }
+
+    uct_usnic_sock_set_buf(channel, SO_RCVBUF, SO_RCVBUFFORCE,
+                           ucs_min(params->rx_queue_len * dgram_cost,
+                                   INT_MAX / 2));
+    uct_usnic_sock_set_buf(channel, SO_SNDBUF, SO_SNDBUFFORCE,
+                           ucs_min(params->tx_queue_len * dgram_cost,
+                                   INT_MAX / 2));
+
+    channel->sock.gso = 1; /* Until a send says otherwise */
+    channel->sock.gro = params->coalesce &&
+                        (setsockopt(channel->sock.fd, SOL_UDP, UDP_GRO, &one,
+                                    sizeof(one)) == 0);
+    if (channel->sock.gro) {
+        channel->sock.num_slots = UCT_USNIC_SOCK_GRO_SLOTS;
+        channel->sock.slot_size = UCT_USNIC_SOCK_GRO_SLOT_SIZE;
+    } else {
+        channel->sock.num_slots = UCT_USNIC_SOCK_RX_SLOTS;
+        /* One byte more than a datagram may have, to see oversized ones */
+        channel->sock.slot_size = channel->max_msg_size + 1;
+    }
+
+    status = uct_usnic_sock_alloc_slots(channel);
+    if (status != UCS_OK) {
+        goto err_close;
+    }
+
+    channel->wait_fd = params->wakeup ? channel->sock.fd : -1;
+    return UCS_OK;
+
+err_close:
+    close(channel->sock.fd);
+    return status;
+}
+
+/* Describe an IPv4 interface as libfabric would describe a domain */
+static struct fi_info *uct_usnic_sock_ifinfo(const struct ifaddrs *ifa)
+{
+    struct sockaddr_in *src;
+    struct fi_info *info;
+    long mtu;
+
+    if (ifa->ifa_flags & IFF_LOOPBACK) {
+        mtu = UCT_USNIC_SOCK_LOOPBACK_MTU;
+    } else if (ucs_read_file_number(&mtu, 1, "/sys/class/net/%s/mtu",
+                                    ifa->ifa_name) != UCS_OK) {
+        mtu = 1500;
+    }
+
+    info = fi_allocinfo();
+    if (info == NULL) {
+        return NULL;
+    }
+
+    src                           = calloc(1, sizeof(*src));
+    info->fabric_attr->prov_name  = strdup(UCT_USNIC_PROVIDER_KERNEL);
+    info->fabric_attr->name       = strdup(UCT_USNIC_PROVIDER_KERNEL);
+    info->domain_attr->name       = strdup(ifa->ifa_name);
+    if ((src == NULL) || (info->fabric_attr->prov_name == NULL) ||
+        (info->fabric_attr->name == NULL) ||
+        (info->domain_attr->name == NULL)) {
+        free(src);
+        fi_freeinfo(info);
+        return NULL;
+    }
+
+    *src                          = *(struct sockaddr_in*)ifa->ifa_addr;
+    src->sin_port                 = 0;
+    info->src_addr                = src;
+    info->src_addrlen             = sizeof(*src);
+    info->addr_format             = FI_SOCKADDR_IN;
+    info->caps                    = FI_MSG;
+    info->mode                    = 0;
+    info->ep_attr->type           = FI_EP_DGRAM;
+    info->ep_attr->max_msg_size   = ucs_min(mtu, UCT_USNIC_SOCK_MAX_MTU) -
+                                    UCT_USNIC_SOCK_IP_UDP_HDRS;
+    info->tx_attr->inject_size    = info->ep_attr->max_msg_size;
+    info->tx_attr->size           = UCT_USNIC_SOCK_QUEUE_MAX;
+    info->rx_attr->size           = UCT_USNIC_SOCK_QUEUE_MAX;
+    info->domain_attr->mr_mode    = 0;
+    return info;
+}
+
+ucs_status_t uct_usnic_sock_getinfo(const char *domain_name,
+                                    struct fi_info **info_p)
+{
+    struct fi_info *list = NULL, **tail = &list, *info;
+    struct ifaddrs *ifaddrs, *ifa;
+
+    if (getifaddrs(&ifaddrs) != 0) {
+        ucs_error("getifaddrs() failed: %m");
+        return UCS_ERR_IO_ERROR;
+    }
+
+    for (ifa = ifaddrs; ifa != NULL; ifa = ifa->ifa_next) {
+        if ((ifa->ifa_addr == NULL) || (ifa->ifa_addr->sa_family != AF_INET) ||
+            !(ifa->ifa_flags & IFF_UP) ||
+            ((domain_name != NULL) && strcmp(ifa->ifa_name, domain_name))) {
+            continue;
+        }
+
+        for (info = list; info != NULL; info = info->next) {
+            if (!strcmp(info->domain_attr->name, ifa->ifa_name)) {
+                break; /* One domain per interface, its first address */
+            }
+        }
+        if (info != NULL) {
+            continue;
+        }
+
+        *tail = uct_usnic_sock_ifinfo(ifa);
+        if (*tail == NULL) {
+            ucs_error("failed to describe interface %s", ifa->ifa_name);
+            break;
+        }
+        tail = &(*tail)->next;
+    }
+
+    freeifaddrs(ifaddrs);
+    if (ifa != NULL) {
+        fi_freeinfo(list);
+        return UCS_ERR_NO_MEMORY;
+    }
+
+    *info_p = list;
+    return (list == NULL) ? UCS_ERR_NO_DEVICE : UCS_OK;
+}
