@@ -4,7 +4,7 @@
 # holds only the loopback device (UCX's generic tests use every device the MD
 # lists, so nothing can reach a real network from there):
 #   1. the module's own gtests (test/gtest/uct/usnic), over the default
-#      provider (libfabric's udp here) and over the built-in kernel one;
+#      provider (the built-in kernel one here) and over libfabric's udp;
 #   2. UCX's generic UCT gtests instantiated for usnic (usnic/*), over
 #      both providers too;
 #   3. UCX's UCP gtests instantiated for usnic (usnic/test_ucp_*), the
@@ -17,7 +17,7 @@
 #   contrib/test.sh                  default leg (Debian's UCX + libfabric)
 #   UCX_SRC=... [LIBFABRIC_SRC=...] contrib/test.sh   another leg
 #   GTEST_FILTER=<pattern> contrib/test.sh            a subset of usnic/*
-#   USNIC_KERNEL_SUITES=0 contrib/test.sh   skip the kernel provider runs
+#   USNIC_UDP_SUITES=0 contrib/test.sh  skip the libfabric udp provider runs
 #   USNIC_UCP_SUITES="tag_xfer am" contrib/test.sh    UCP suites to run
 #                                    (default: all of them; .ci/run splits
 #                                    them between its two legs)
@@ -160,12 +160,12 @@ if [ -n "${GTEST_FILTER:-}" ]; then
 else
     run_suite usnic-own "${own}"
     run_suite usnic-generic "usnic/*-${own}:${ucp}"
-    # The same over the built-in kernel provider, on the legs that ask for
-    # it (USNIC_KERNEL_SUITES=1)
-    if [ "${USNIC_KERNEL_SUITES:-1}" = 1 ]; then
-        run_suite usnic-own-kernel "${own}" UCX_USNIC_PROVIDER=kernel
-        run_suite usnic-generic-kernel "usnic/*-${own}:${ucp}" \
-            UCX_USNIC_PROVIDER=kernel
+    # The same over libfabric's udp provider, on the legs that ask for it
+    # (USNIC_UDP_SUITES=1)
+    if [ "${USNIC_UDP_SUITES:-1}" = 1 ]; then
+        run_suite usnic-own-udp "${own}" UCX_USNIC_PROVIDER=udp
+        run_suite usnic-generic-udp "usnic/*-${own}:${ucp}" \
+            UCX_USNIC_PROVIDER=udp
     fi
     # UCX's event tests need the event fd, which is off by default
     run_suite usnic-generic-event-fd 'usnic/test_uct_event*' \

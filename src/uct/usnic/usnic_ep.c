@@ -9,13 +9,15 @@
 #endif
 
 #include "usnic_ep.h"
+#include "usnic_get.h"
 #include "usnic_rx.h"
 
 #include <uct/base/uct_iov.inl>
 #include <ucs/debug/log.h>
 
 
-UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params)
+UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
+                    int internal)
 {
     uct_usnic_iface_t *iface = ucs_derived_of(params->iface,
                                               uct_usnic_iface_t);
@@ -50,7 +52,11 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params)
     self->acked_psn        = 0;
     self->tx_count         = 0;
     self->unsent           = 0;
-    self->cwnd             = iface->config.cwnd_init;
+    /* Replies to reads are paced by the requester, which asks only for
+     * what it has room for: they need no slow start, which would make the
+     * read of a target that progresses now and then wait for its ACKs */
+    self->cwnd             = internal ? iface->config.window :
+                                        iface->config.cwnd_init;
     self->ssthresh         = iface->config.window;
     self->cwnd_acked       = 0;
     self->recovery_psn     = 0;
@@ -65,8 +71,13 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params)
     self->progress_time    = 0;
     self->status           = UCS_OK;
     ucs_list_head_init(&self->failed_list);
+    ucs_queue_head_init(&self->gets);
+    self->internal         = internal;
     self->id               = ucs_ptr_array_insert(&iface->eps, self);
-    uct_usnic_iface_peer_link(iface, self->peer_incarnation, self, NULL);
+    /* A reply ep neither opens nor closes the connection to its peer */
+    if (!internal) {
+        uct_usnic_iface_peer_link(iface, self->peer_incarnation, self, NULL);
+    }
 
     ucs_debug("usnic ep %p: id %u to iface 0x%x", self, self->id,
               self->peer_incarnation);
@@ -81,15 +92,22 @@ UCS_CLASS_CLEANUP_FUNC(uct_usnic_ep_t)
     uct_usnic_iface_enter(iface);
     uct_usnic_tx_window_purge(self, UCS_ERR_CANCELED);
     ucs_list_del(&self->failed_list);
-    uct_usnic_iface_peer_unlink(iface, self->peer_incarnation, self, NULL);
+    if (!self->internal) {
+        uct_usnic_iface_peer_unlink(iface, self->peer_incarnation, self,
+                                    NULL);
+    }
     ucs_arbiter_group_cleanup(&self->arb_group);
     ucs_ptr_array_remove(&iface->eps, self->id);
     uct_usnic_iface_leave(iface);
 }
 
 UCS_CLASS_DEFINE(uct_usnic_ep_t, uct_base_ep_t);
-UCS_CLASS_DEFINE_NEW_FUNC(uct_usnic_ep_t, uct_ep_t, const uct_ep_params_t*);
 UCS_CLASS_DEFINE_DELETE_FUNC(uct_usnic_ep_t, uct_ep_t);
+
+ucs_status_t uct_usnic_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p)
+{
+    return UCS_CLASS_NEW(uct_usnic_ep_t, ep_p, params, 0);
+}
 
 /* Take a send buffer for a one-datagram AM of the given length */
 static UCS_F_ALWAYS_INLINE ucs_status_t
@@ -272,6 +290,47 @@ ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
     return length;
 }
 
+/* What every datagram of a write tells the target */
+static UCS_F_ALWAYS_INLINE void
+uct_usnic_ep_put_ext_init(uct_usnic_put_ext_t *put, size_t length,
+                          uint64_t remote_addr, uct_rkey_t rkey)
+{
+    const uct_usnic_rkey_t *key;
+
+    /* A write of nothing may come without a key (UCX's tests pass 0) */
+    if ((length != 0) && (rkey != UCT_INVALID_RKEY)) {
+        key         = (const uct_usnic_rkey_t*)rkey;
+        put->secret  = key->secret;
+        put->rkey_id = key->id;
+    }
+    put->address = remote_addr;
+    put->length  = length;
+}
+
+ucs_status_t uct_usnic_ep_put_short(uct_ep_h tl_ep, const void *buffer,
+                                    unsigned length, uint64_t remote_addr,
+                                    uct_rkey_t rkey)
+{
+    uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uct_usnic_put_ext_t put  = {0};
+
+    UCT_CHECK_LENGTH(length, 0, iface->config.put_max_payload, "put_short");
+    if (ucs_unlikely(ep->status != UCS_OK)) {
+        return ep->status;
+    }
+
+    if (ucs_unlikely(!uct_usnic_ep_can_send(ep, 1))) {
+        UCS_STATS_UPDATE_COUNTER(ep->super.stats, UCT_EP_STAT_NO_RES, 1);
+        return UCS_ERR_NO_RESOURCE;
+    }
+
+    uct_usnic_ep_put_ext_init(&put, length, remote_addr, rkey);
+    UCT_TL_EP_STAT_OP(&ep->super, PUT, SHORT, length);
+    uct_usnic_ep_post_fragments(ep, 0, &put, buffer, length);
+    return UCS_OK;
+}
+
 /* The target applies the write when it arrives in order: once the ep's
  * flush completes, the data is in place */
 ssize_t uct_usnic_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb,
@@ -281,7 +340,6 @@ ssize_t uct_usnic_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb,
     uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_put_ext_t put  = {0};
-    const uct_usnic_rkey_t *key;
     ucs_status_t status;
     size_t length;
 
@@ -295,14 +353,7 @@ ssize_t uct_usnic_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb,
                 "length=%zu put_max_bcopy=%zu", length,
                 iface->config.put_max_bcopy);
 
-    /* A write of nothing may come without a key */
-    if (rkey != UCT_INVALID_RKEY) {
-        key         = (const uct_usnic_rkey_t*)rkey;
-        put.secret  = key->secret;
-        put.rkey_id = key->id;
-    }
-    put.address = remote_addr;
-    put.length  = length;
+    uct_usnic_ep_put_ext_init(&put, length, remote_addr, rkey);
     ucs_trace_data("ep %p: put_bcopy %zu bytes to 0x%" PRIx64 " key %u", ep,
                    length, remote_addr, put.rkey_id);
     UCT_TL_EP_STAT_OP(&ep->super, PUT, BCOPY, length);
@@ -412,7 +463,7 @@ ucs_status_t uct_usnic_ep_flush(uct_ep_h tl_ep, unsigned flags,
         return UCS_ERR_NO_RESOURCE;
     }
 
-    if (ep->tx_count == 0) {
+    if (uct_usnic_ep_is_idle(ep)) {
         UCT_TL_EP_STAT_FLUSH(&ep->super);
         return UCS_OK;
     }
@@ -462,7 +513,7 @@ void uct_usnic_ep_fail(uct_usnic_ep_t *ep, ucs_status_t status)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
 
-    if (ep->status != UCS_OK) {
+    if ((ep->status != UCS_OK) || !ucs_list_is_empty(&ep->failed_list)) {
         return;
     }
 
@@ -480,9 +531,16 @@ void uct_usnic_ep_report_failures(uct_usnic_iface_t *iface)
         ep = ucs_list_extract_head(&iface->failed_eps, uct_usnic_ep_t,
                                    failed_list);
         ucs_list_head_init(&ep->failed_list);
+        if (ep->status == UCS_OK) {
+            ep->status = UCS_ERR_ENDPOINT_TIMEOUT; /* Invalidated */
+        }
         uct_usnic_tx_window_purge(ep, ep->status);
-        uct_iface_handle_ep_err(&iface->super.super, &ep->super.super,
-                                ep->status);
+        if (ep->internal) {
+            uct_usnic_get_reply_ep_failed(ep);
+        } else {
+            uct_iface_handle_ep_err(&iface->super.super, &ep->super.super,
+                                    ep->status);
+        }
     }
 }
 
@@ -523,9 +581,13 @@ ucs_status_t uct_usnic_ep_invalidate(uct_ep_h tl_ep)
     uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
 
-    /* The async timer may be failing eps at the same time */
+    /* The async timer may be failing eps at the same time. The ep keeps
+     * taking sends until its failure is reported, as after a peer failure
+     * that is not detected yet */
     uct_usnic_iface_enter(iface);
-    uct_usnic_ep_fail(ep, UCS_ERR_ENDPOINT_TIMEOUT);
+    if ((ep->status == UCS_OK) && ucs_list_is_empty(&ep->failed_list)) {
+        ucs_list_add_tail(&iface->failed_eps, &ep->failed_list);
+    }
     uct_usnic_iface_leave(iface);
     return UCS_OK;
 }

@@ -80,12 +80,18 @@ typedef struct uct_usnic_ep {
                                               last became non-empty */
     ucs_status_t          status;          /* Why the ep failed, or OK */
     ucs_list_link_t       failed_list;     /* In iface->failed_eps */
+    ucs_queue_head_t      gets;            /* uct_usnic_get_t, oldest first */
+    int                   internal;        /* Carries replies to reads: no
+                                              user owns it */
 } uct_usnic_ep_t;
 
 
-UCS_CLASS_DECLARE(uct_usnic_ep_t, const uct_ep_params_t*);
-UCS_CLASS_DECLARE_NEW_FUNC(uct_usnic_ep_t, uct_ep_t, const uct_ep_params_t*);
+UCS_CLASS_DECLARE(uct_usnic_ep_t, const uct_ep_params_t*, int);
 UCS_CLASS_DECLARE_DELETE_FUNC(uct_usnic_ep_t, uct_ep_t);
+
+
+ucs_status_t uct_usnic_ep_create(const uct_ep_params_t *params,
+                                 uct_ep_h *ep_p);
 
 
 ucs_status_t uct_usnic_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header,
@@ -109,6 +115,10 @@ void uct_usnic_ep_fail(uct_usnic_ep_t *ep, ucs_status_t status);
 
 /* Complete what failed eps had outstanding and call the error handler */
 void uct_usnic_ep_report_failures(uct_usnic_iface_t *iface);
+
+ucs_status_t uct_usnic_ep_put_short(uct_ep_h tl_ep, const void *buffer,
+                                    unsigned length, uint64_t remote_addr,
+                                    uct_rkey_t rkey);
 
 ssize_t uct_usnic_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb,
                                void *arg, uint64_t remote_addr,
@@ -164,6 +174,11 @@ void uct_usnic_tx_check_timeouts(uct_usnic_iface_t *iface);
 
 void uct_usnic_tx_window_purge(uct_usnic_ep_t *ep, ucs_status_t status);
 
+/* Complete the flushes that nothing they wait for holds back any more; all
+ * of them (with status) when all != 0 */
+void uct_usnic_tx_flush_complete(uct_usnic_ep_t *ep, int all,
+                                 ucs_status_t status);
+
 
 static UCS_F_ALWAYS_INLINE uct_usnic_hdr_t *
 uct_usnic_tx_desc_hdr(uct_usnic_iface_t *iface, uct_usnic_tx_desc_t *desc)
@@ -177,6 +192,33 @@ static UCS_F_ALWAYS_INLINE uct_usnic_iface_t *
 uct_usnic_ep_iface(uct_usnic_ep_t *ep)
 {
     return ucs_derived_of(ep->super.super.iface, uct_usnic_iface_t);
+}
+
+
+/* Nothing to watch: no packet waits for an ACK and no read for its data */
+static UCS_F_ALWAYS_INLINE int uct_usnic_ep_is_idle(const uct_usnic_ep_t *ep)
+{
+    return (ep->tx_count == 0) && ucs_queue_is_empty(&ep->gets);
+}
+
+
+/* The ep starts waiting for its peer: the timers watch it from now on */
+static UCS_F_ALWAYS_INLINE void uct_usnic_ep_activate(uct_usnic_ep_t *ep)
+{
+    if (uct_usnic_ep_is_idle(ep)) {
+        ucs_list_add_tail(&uct_usnic_ep_iface(ep)->active_eps,
+                          &ep->active_list);
+        ep->progress_time = ucs_get_time();
+    }
+}
+
+
+/* Nothing left to watch: the timers let the ep go */
+static UCS_F_ALWAYS_INLINE void uct_usnic_ep_deactivate(uct_usnic_ep_t *ep)
+{
+    if (uct_usnic_ep_is_idle(ep)) {
+        ucs_list_del(&ep->active_list);
+    }
 }
 
 

@@ -10,6 +10,7 @@
 
 #include "usnic_iface.h"
 #include "usnic_ep.h"
+#include "usnic_get.h"
 #include "usnic_rx.h"
 
 #include <ucs/debug/log.h>
@@ -95,9 +96,11 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      ucs_offsetof(uct_usnic_iface_config_t, rx_post_batch),
      UCS_CONFIG_TYPE_UINT},
 
-    {"MAX_POLL", "256",
-     "Maximal number of completions taken from each channel per progress\n"
-     "call.",
+    {"MAX_POLL", "1024",
+     "Maximal number of datagrams taken from each channel per progress call.\n"
+     "A target that progresses now and then (a passive RMA target) takes\n"
+     "what arrived meanwhile in one call: as many as WINDOW lets one sender\n"
+     "send without an ACK.",
      ucs_offsetof(uct_usnic_iface_config_t, max_poll), UCS_CONFIG_TYPE_UINT},
 
     {"WINDOW", "1024",
@@ -107,15 +110,19 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      "where sequence numbers wrap around.",
      ucs_offsetof(uct_usnic_iface_config_t, window), UCS_CONFIG_TYPE_UINT},
 
-    {"MAX_BCOPY", "8k",
+    {"MAX_BCOPY", "60k",
      "Largest am_bcopy message; larger than a datagram, it is cut into\n"
-     "datagrams and reassembled in order by the receiver.",
+     "datagrams and reassembled in order by the receiver, which refuses\n"
+     "messages larger than its own limit (set the same on both sides). The\n"
+     "default keeps a message within the 64 KiB that one segmentation-offload\n"
+     "send of the kernel provider carries, at MTUs of 1500 and 9000.",
      ucs_offsetof(uct_usnic_iface_config_t, max_bcopy),
      UCS_CONFIG_TYPE_MEMUNITS},
 
-    {"PUT_MAX_BCOPY", "8k",
+    {"PUT_MAX_BCOPY", "60k",
      "Largest put_bcopy; larger than a datagram, it is cut into datagrams\n"
-     "that the target applies in order.",
+     "that the target applies in order (one system call for all of them\n"
+     "with the kernel provider, as for MAX_BCOPY).",
      ucs_offsetof(uct_usnic_iface_config_t, put_max_bcopy),
      UCS_CONFIG_TYPE_MEMUNITS},
 
@@ -248,7 +255,7 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
          "at least RX_POST_BATCH, at most the provider's receive queue"},
         {UCT_USNIC_CONFIG_VAR("TX_QUEUE_LEN"), config->tx_queue_len, 1,
          info->tx_attr->size, "the provider's send queue"},
-        {UCT_USNIC_CONFIG_VAR("MAX_POLL"), config->max_poll, 1, 1024,
+        {UCT_USNIC_CONFIG_VAR("MAX_POLL"), config->max_poll, 1, 65536,
          "completions per progress call"},
         {UCT_USNIC_CONFIG_VAR("WINDOW"), config->window, 16, 32768,
          "datagrams in flight per endpoint"},
@@ -344,7 +351,10 @@ static ucs_status_t uct_usnic_iface_query(uct_iface_h tl_iface,
 
     iface_attr->cap.flags          = UCT_IFACE_FLAG_AM_SHORT |
                                      UCT_IFACE_FLAG_AM_BCOPY |
+                                     UCT_IFACE_FLAG_PUT_SHORT |
                                      UCT_IFACE_FLAG_PUT_BCOPY |
+                                     UCT_IFACE_FLAG_GET_BCOPY |
+                                     UCT_IFACE_FLAG_GET_ZCOPY |
                                      UCT_IFACE_FLAG_PENDING |
                                      UCT_IFACE_FLAG_CB_SYNC |
                                      UCT_IFACE_FLAG_ERRHANDLE_PEER_FAILURE |
@@ -360,7 +370,14 @@ static ucs_status_t uct_usnic_iface_query(uct_iface_h tl_iface,
     iface_attr->cap.am.max_bcopy   = iface->config.max_bcopy;
     iface_attr->cap.am.max_iov     = UCT_USNIC_MAX_IOV;
     iface_attr->cap.am.max_hdr     = 0;
+    iface_attr->cap.put.max_short  = iface->config.put_max_payload;
     iface_attr->cap.put.max_bcopy  = iface->config.put_max_bcopy;
+    iface_attr->cap.get.max_bcopy  = iface->config.get_max;
+    iface_attr->cap.get.min_zcopy  = 0;
+    iface_attr->cap.get.max_zcopy  = iface->config.get_max;
+    iface_attr->cap.get.opt_zcopy_align = 1;
+    iface_attr->cap.get.align_mtu  = 1;
+    iface_attr->cap.get.max_iov    = UCT_USNIC_MAX_IOV;
     iface_attr->device_addr_len    = sizeof(uct_usnic_device_addr_t);
     iface_attr->iface_addr_len     = sizeof(uct_usnic_iface_addr_t);
     iface_attr->ep_addr_len        = 0;
@@ -482,6 +499,13 @@ UCT_USNIC_IFACE_IS_REACHABLE_ADAPTER(uct_usnic_iface_is_reachable_v2)
  * taken in; then received data; then what the send engine owes: ACKs,
  * retransmissions, pending requests.
  */
+static UCS_F_ALWAYS_INLINE int
+uct_usnic_iface_timers_due(uct_usnic_iface_t *iface)
+{
+    return !ucs_list_is_empty(&iface->active_eps) &&
+           (ucs_get_time() >= iface->next_timer_check);
+}
+
 static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
 {
     uct_usnic_iface_t *iface = ucs_derived_of(tl_iface, uct_usnic_iface_t);
@@ -489,10 +513,13 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
 
     uct_usnic_iface_enter(iface);
     /* Standalone ACKs are rare where replies carry them: their channel may
-     * always be skipped. Data is awaited at full speed unless the user has
-     * been sending since the last call. */
+     * be skipped, but not when the timers are due: the ACKs that wait there
+     * may spare a resend (an iface progressed now and then would otherwise
+     * see every packet it sent time out). Data is awaited at full speed
+     * unless the user has been sending since the last call. */
     count  = uct_usnic_channel_poll(&iface->channels[UCT_USNIC_CHANNEL_PRIO],
-                                    iface->config.max_poll, 1);
+                                    iface->config.max_poll,
+                                    !uct_usnic_iface_timers_due(iface));
     count += uct_usnic_channel_poll(&iface->channels[UCT_USNIC_CHANNEL_DATA],
                                     iface->config.max_poll,
                                     iface->sent_since_progress);
@@ -585,7 +612,7 @@ static ucs_status_t uct_usnic_iface_flush(uct_iface_h tl_iface, unsigned flags,
         return UCS_ERR_UNSUPPORTED;
     }
 
-    if (iface->tx_outstanding > 0) {
+    if ((iface->tx_outstanding > 0) || (iface->num_gets > 0)) {
         UCT_TL_IFACE_STAT_FLUSH_WAIT(&iface->super);
         return UCS_INPROGRESS;
     }
@@ -778,17 +805,28 @@ uct_usnic_iface_init_buffers(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
         goto err_tx_mp;
     }
 
+    status = uct_usnic_md_mpool_init(md, &iface->get_mp,
+                                     sizeof(uct_usnic_get_t), 0,
+                                     UCS_SYS_CACHE_LINE_SIZE,
+                                     &config->tx_mpool, 64, NULL,
+                                     "usnic_get");
+    if (status != UCS_OK) {
+        goto err_am_buf_mp;
+    }
+
     iface->bcopy_buf = ucs_malloc(ucs_max(iface->config.max_bcopy,
                                           iface->config.put_max_bcopy),
                                   "usnic_bcopy_buf");
     if (iface->bcopy_buf == NULL) {
         ucs_error("failed to allocate usnic bcopy buffer");
         status = UCS_ERR_NO_MEMORY;
-        goto err_am_buf_mp;
+        goto err_get_mp;
     }
 
     return UCS_OK;
 
+err_get_mp:
+    ucs_mpool_cleanup(&iface->get_mp, 1);
 err_am_buf_mp:
     ucs_mpool_cleanup(&iface->am_buf_mp, 1);
 err_tx_mp:
@@ -799,6 +837,7 @@ err_tx_mp:
 static void uct_usnic_iface_cleanup_buffers(uct_usnic_iface_t *iface)
 {
     ucs_free(iface->bcopy_buf);
+    ucs_mpool_cleanup(&iface->get_mp, 1);
     ucs_mpool_cleanup(&iface->am_buf_mp, 1);
     ucs_mpool_cleanup(&iface->tx_mp, 1);
 }
@@ -824,18 +863,28 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
     iface->config.max_payload       = iface->config.mtu -
                                       sizeof(uct_usnic_hdr_t) -
                                       sizeof(uct_usnic_open_ext_t);
-    iface->config.max_bcopy         = config->max_bcopy;
-    iface->config.put_max_payload   = iface->config.max_payload -
-                                      sizeof(uct_usnic_put_ext_t);
-    iface->config.put_max_bcopy     = config->put_max_bcopy;
-    iface->config.max_bcopy_packets =
-            ucs_max(ucs_div_round_up(config->max_bcopy,
-                                     iface->config.max_payload),
-                    ucs_div_round_up(config->put_max_bcopy,
-                                     iface->config.put_max_payload));
-    iface->config.tx_hdr_offset     = sizeof(uct_usnic_tx_desc_t) + prefix;
     iface->config.tx_max_bufs       = (config->tx_mpool.max_bufs < 0) ?
                                       UINT_MAX : config->tx_mpool.max_bufs;
+    /* A message never needs more send buffers than there may be */
+    iface->config.max_bcopy         = ucs_min(config->max_bcopy,
+                                              (size_t)iface->config.tx_max_bufs *
+                                              iface->config.max_payload);
+    iface->config.put_max_payload   = iface->config.max_payload -
+                                      sizeof(uct_usnic_put_ext_t);
+    iface->config.put_max_bcopy     = ucs_min(config->put_max_bcopy,
+                                              (size_t)iface->config.tx_max_bufs *
+                                              iface->config.put_max_payload);
+    iface->config.get_max_payload   = iface->config.max_payload -
+                                      sizeof(uct_usnic_get_reply_ext_t);
+    /* get_bcopy gathers the data in a reassembly buffer */
+    iface->config.get_max           = ucs_min(iface->config.max_bcopy,
+                                              iface->config.put_max_bcopy);
+    iface->config.max_bcopy_packets =
+            ucs_max(ucs_div_round_up(iface->config.max_bcopy,
+                                     iface->config.max_payload),
+                    ucs_div_round_up(iface->config.put_max_bcopy,
+                                     iface->config.put_max_payload));
+    iface->config.tx_hdr_offset     = sizeof(uct_usnic_tx_desc_t) + prefix;
     iface->config.rx_headroom       = UCT_IFACE_PARAM_VALUE(params,
                                                             rx_headroom,
                                                             RX_HEADROOM, 0);
@@ -950,7 +999,9 @@ int uct_usnic_iface_peer_closed(uct_usnic_iface_t *iface, uint32_t incarnation)
 static void uct_usnic_iface_cleanup_tables(uct_usnic_iface_t *iface)
 {
     ucs_arbiter_cleanup(&iface->arbiter);
+    kh_destroy_inplace(uct_usnic_reply_eps, &iface->reply_eps);
     kh_destroy_inplace(uct_usnic_peers, &iface->peers);
+    ucs_ptr_array_cleanup(&iface->gets, 1);
     kh_destroy_inplace(uct_usnic_streams, &iface->stream_hash);
     ucs_ptr_array_cleanup(&iface->streams, 1);
     ucs_ptr_array_cleanup(&iface->eps, 1);
@@ -962,13 +1013,16 @@ static uct_iface_ops_t uct_usnic_iface_ops = {
     .ep_am_short              = uct_usnic_ep_am_short,
     .ep_am_short_iov          = uct_usnic_ep_am_short_iov,
     .ep_am_bcopy              = uct_usnic_ep_am_bcopy,
+    .ep_put_short             = uct_usnic_ep_put_short,
     .ep_put_bcopy             = uct_usnic_ep_put_bcopy,
+    .ep_get_bcopy             = uct_usnic_ep_get_bcopy,
+    .ep_get_zcopy             = uct_usnic_ep_get_zcopy,
     .ep_pending_add           = uct_usnic_ep_pending_add,
     .ep_pending_purge         = uct_usnic_ep_pending_purge,
     .ep_flush                 = uct_usnic_ep_flush,
     .ep_check                 = uct_usnic_ep_check,
     .ep_fence                 = uct_base_ep_fence,
-    .ep_create                = UCS_CLASS_NEW_FUNC_NAME(uct_usnic_ep_t),
+    .ep_create                = uct_usnic_ep_create,
     .ep_destroy               = UCS_CLASS_DELETE_FUNC_NAME(uct_usnic_ep_t),
     .iface_flush              = uct_usnic_iface_flush,
     .iface_fence              = uct_base_iface_fence,
@@ -1061,6 +1115,10 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     self->next_timer_check = 0;
     ucs_ptr_array_init(&self->eps, "usnic_eps");
     ucs_ptr_array_init(&self->streams, "usnic_streams");
+    ucs_ptr_array_init(&self->gets, "usnic_gets");
+    self->num_gets         = 0;
+    self->next_get_serial  = 1;
+    kh_init_inplace(uct_usnic_reply_eps, &self->reply_eps);
     kh_init_inplace(uct_usnic_streams, &self->stream_hash);
     kh_init_inplace(uct_usnic_peers, &self->peers);
     ucs_arbiter_init(&self->arbiter);
@@ -1134,7 +1192,7 @@ static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
               "and %lu piggy-backed ACKs; rx %lu datagrams, %lu ACKs; "
               "dropped: %lu invalid, %lu stale, %lu no stream, %lu duplicate, "
               "%lu out of window, %lu no resource, %lu PUT key, %lu PUT range, "
-              "%lu bad checksum",
+              "%lu GET key, %lu GET range, %lu bad checksum",
               iface, iface->stats.tx_packets, iface->stats.tx_resends,
               iface->stats.tx_acks, iface->stats.tx_piggy_acks,
               iface->stats.rx_packets, iface->stats.rx_acks,
@@ -1145,6 +1203,8 @@ static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
               drop[UCT_USNIC_RX_DROP_NO_RESOURCE],
               drop[UCT_USNIC_RX_DROP_PUT_KEY],
               drop[UCT_USNIC_RX_DROP_PUT_RANGE],
+              drop[UCT_USNIC_RX_DROP_GET_KEY],
+              drop[UCT_USNIC_RX_DROP_GET_RANGE],
               iface->channels[UCT_USNIC_CHANNEL_PRIO].rx_bad_checksum +
               iface->channels[UCT_USNIC_CHANNEL_DATA].rx_bad_checksum);
 }
@@ -1159,6 +1219,8 @@ static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t)
     uct_base_iface_progress_disable(&self->super.super,
                                     UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
     ucs_async_remove_handler(self->async_timer_id, 1);
+
+    uct_usnic_get_cleanup(self);
 
     /* Streams hold receive and reassembly buffers: release them first */
     ucs_ptr_array_for_each(stream, index, &self->streams) {

@@ -43,13 +43,17 @@ typedef enum {
 typedef enum {
     UCT_USNIC_RX_DROP_INVALID,     /* Not a datagram of this protocol */
     UCT_USNIC_RX_DROP_STALE,       /* For another incarnation of this iface */
-    UCT_USNIC_RX_DROP_NO_STREAM,   /* Unknown stream or ep */
+    UCT_USNIC_RX_DROP_NO_STREAM,   /* Unknown stream or ep, or a reply to
+                                      no outstanding read */
     UCT_USNIC_RX_DROP_DUPLICATE,   /* Already delivered */
     UCT_USNIC_RX_DROP_OUT_OF_WINDOW, /* Too far ahead to keep */
     UCT_USNIC_RX_DROP_NO_RESOURCE, /* No memory for a new stream */
     UCT_USNIC_RX_DROP_PUT_KEY,     /* Write refused: unknown, revoked or
                                       wrong key, or no remote write access */
     UCT_USNIC_RX_DROP_PUT_RANGE,   /* Write refused: outside its region */
+    UCT_USNIC_RX_DROP_GET_KEY,     /* Read refused: as PUT_KEY, or no
+                                      remote read access */
+    UCT_USNIC_RX_DROP_GET_RANGE,   /* Read refused: outside its region */
     UCT_USNIC_RX_DROP_LAST
 } uct_usnic_rx_drop_t;
 
@@ -71,6 +75,9 @@ typedef struct uct_usnic_peer {
 } uct_usnic_peer_t;
 
 KHASH_MAP_INIT_INT(uct_usnic_peers, uct_usnic_peer_t)
+
+/* Peer iface incarnation -> the ep that replies to its reads */
+KHASH_MAP_INIT_INT(uct_usnic_reply_eps, struct uct_usnic_ep*)
 
 
 /**
@@ -153,6 +160,11 @@ typedef struct uct_usnic_iface {
     int                     armed;         /* The user may be waiting */
     ucs_mpool_t             tx_mp;         /* uct_usnic_tx_desc_t */
     ucs_mpool_t             am_buf_mp;     /* uct_usnic_am_buf_t */
+    ucs_mpool_t             get_mp;        /* uct_usnic_get_t */
+    ucs_ptr_array_t         gets;          /* read id -> uct_usnic_get_t */
+    unsigned                num_gets;      /* Reads waiting for data */
+    uint32_t                next_get_serial;
+    khash_t(uct_usnic_reply_eps) reply_eps;
     void                    *bcopy_buf;    /* Packs a multi-datagram AM/PUT */
     ucs_time_t              put_refused_logged; /* Last log of a refused
                                                    remote write */
@@ -163,6 +175,9 @@ typedef struct uct_usnic_iface {
         size_t              max_bcopy;
         size_t              put_max_payload; /* PUT data of one datagram */
         size_t              put_max_bcopy;
+        size_t              get_max_payload; /* Read data of one reply
+                                                datagram */
+        size_t              get_max;       /* Largest read */
         unsigned            max_bcopy_packets; /* Datagrams of the largest
                                                   am_bcopy or put_bcopy */
         size_t              tx_hdr_offset; /* Header offset in a tx desc */

@@ -30,7 +30,7 @@ static ucs_config_field_t uct_usnic_md_config_table[] = {
      "kernel's UDP sockets (batched, with segmentation offload), or a\n"
      "libfabric provider offering FI_EP_DGRAM with IPv4 addresses, such as\n"
      "\"usnic\" (Cisco VIC) or \"udp\". \"auto\" selects \"usnic\" when\n"
-     "libfabric finds it, otherwise \"udp\".",
+     "libfabric finds it, otherwise \"kernel\".",
      ucs_offsetof(uct_usnic_md_config_t, provider), UCS_CONFIG_TYPE_STRING},
 
     {NULL}
@@ -154,36 +154,31 @@ uct_usnic_fi_getinfo_provider(const char *provider, const char *domain_name,
 
 /*
  * Find the DGRAM domains of the configured provider (all of them, or the one
- * named domain_name). With "auto", prefer usnic hardware over libfabric's
- * portable udp provider; the built-in kernel provider is taken by name
- * until it has passed every suite on every leg.
+ * named domain_name). With "auto", usnic hardware where libfabric finds it,
+ * else the kernel's sockets: faster than libfabric's portable udp provider,
+ * which makes a system call per datagram.
  */
 static ucs_status_t uct_usnic_fi_getinfo(const char *provider,
                                          const char *domain_name,
                                          struct fi_info **info_p)
 {
-    static const char *auto_providers[] = {"usnic", "udp"};
     char available[128];
     ucs_status_t status;
-    unsigned i;
+
+    if (!strcmp(provider, UCT_USNIC_PROVIDER_AUTO)) {
+        status = uct_usnic_fi_getinfo_provider("usnic", domain_name, info_p);
+        if (status != UCS_ERR_NO_DEVICE) {
+            return status;
+        }
+
+        ucs_debug("libfabric provider usnic offers no datagram endpoints%s%s",
+                  (domain_name != NULL) ? " on " : "",
+                  (domain_name != NULL) ? domain_name : "");
+        provider = UCT_USNIC_PROVIDER_KERNEL;
+    }
 
     if (!strcmp(provider, UCT_USNIC_PROVIDER_KERNEL)) {
         return uct_usnic_sock_getinfo(domain_name, info_p);
-    }
-
-    if (!strcmp(provider, UCT_USNIC_PROVIDER_AUTO)) {
-        for (i = 0; i < ucs_static_array_size(auto_providers); ++i) {
-            status = uct_usnic_fi_getinfo_provider(auto_providers[i],
-                                                   domain_name, info_p);
-            if (status != UCS_ERR_NO_DEVICE) {
-                return status;
-            }
-
-            ucs_debug("libfabric provider %s offers no datagram endpoints%s%s",
-                      auto_providers[i], (domain_name != NULL) ? " on " : "",
-                      (domain_name != NULL) ? domain_name : "");
-        }
-        return UCS_ERR_NO_DEVICE;
     }
 
     status = uct_usnic_fi_getinfo_provider(provider, domain_name, info_p);
@@ -324,6 +319,7 @@ uct_usnic_mem_reg(uct_md_h uct_md, void *address, size_t length,
     memh->length       = length;
     memh->mr           = NULL;
     memh->remote_write = !!(flags & UCT_MD_MEM_ACCESS_REMOTE_PUT);
+    memh->remote_read  = !!(flags & UCT_MD_MEM_ACCESS_REMOTE_GET);
     memh->rkey.secret  = secret;
 
     if (md->mr_local) {
@@ -424,32 +420,39 @@ static ucs_status_t uct_usnic_rkey_release(uct_component_t *component,
  * write that is refused is refused for every one of its datagrams. The lock
  * makes mem_dereg wait for a write in progress.
  */
-uct_usnic_md_put_result_t
-uct_usnic_md_put(uct_usnic_md_t *md, const uct_usnic_rkey_t *rkey,
-                 uint64_t address, size_t length, size_t offset,
-                 const void *data, size_t data_length)
+uct_usnic_md_access_result_t
+uct_usnic_md_access(uct_usnic_md_t *md, const uct_usnic_rkey_t *rkey,
+                    int write, uint64_t address, size_t length, size_t offset,
+                    void *buf, size_t buf_length)
 {
-    uct_usnic_md_put_result_t result = UCT_USNIC_MD_PUT_OK;
+    uct_usnic_md_access_result_t result = UCT_USNIC_MD_ACCESS_OK;
     uct_usnic_memh_t *memh;
     uint64_t start;
+    void *mem;
 
-    ucs_assert((offset <= length) && (data_length <= (length - offset)));
+    ucs_assert((offset <= length) && (buf_length <= (length - offset)));
 
     ucs_spin_lock(&md->regs_lock);
     if (!ucs_ptr_array_lookup(&md->regs, rkey->id, memh) ||
-        (memh->rkey.secret != rkey->secret) || !memh->remote_write) {
-        result = UCT_USNIC_MD_PUT_BAD_KEY;
+        (memh->rkey.secret != rkey->secret) ||
+        !(write ? memh->remote_write : memh->remote_read)) {
+        result = UCT_USNIC_MD_ACCESS_BAD_KEY;
         goto out;
     }
 
     start = (uintptr_t)memh->address;
     if ((address < start) || (length > memh->length) ||
         ((address - start) > (memh->length - length))) {
-        result = UCT_USNIC_MD_PUT_BAD_RANGE;
+        result = UCT_USNIC_MD_ACCESS_BAD_RANGE;
         goto out;
     }
 
-    memcpy((void*)(uintptr_t)(address + offset), data, data_length);
+    mem = (void*)(uintptr_t)(address + offset);
+    if (write) {
+        memcpy(mem, buf, buf_length);
+    } else {
+        memcpy(buf, mem, buf_length);
+    }
 
 out:
     ucs_spin_unlock(&md->regs_lock);

@@ -22,8 +22,8 @@
 
 
 /* Provider choice: libfabric's usNIC one when the machine has a Cisco VIC,
- * else its portable UDP one; or the built-in one over the kernel's UDP
- * sockets */
+ * else the built-in one over the kernel's UDP sockets; any other libfabric
+ * datagram provider by name */
 #define UCT_USNIC_PROVIDER_AUTO   "auto"
 #define UCT_USNIC_PROVIDER_KERNEL "kernel"
 
@@ -71,16 +71,17 @@ typedef struct uct_usnic_memh {
     struct fid_mr    *mr;           /* libfabric registration, FI_MR_LOCAL */
     uct_usnic_rkey_t rkey;
     int              remote_write; /* UCT_MD_MEM_ACCESS_REMOTE_PUT given */
+    int              remote_read;  /* UCT_MD_MEM_ACCESS_REMOTE_GET given */
 } uct_usnic_memh_t;
 
 
-/* Whether a remote write was applied, or why not */
+/* Whether a remote write or read was carried out, or why not */
 typedef enum {
-    UCT_USNIC_MD_PUT_OK,
-    UCT_USNIC_MD_PUT_BAD_KEY,   /* No such live registration, wrong secret,
-                                   or no remote write access */
-    UCT_USNIC_MD_PUT_BAD_RANGE  /* Not entirely inside the registration */
-} uct_usnic_md_put_result_t;
+    UCT_USNIC_MD_ACCESS_OK,
+    UCT_USNIC_MD_ACCESS_BAD_KEY,   /* No such live registration, wrong
+                                      secret, or no such remote access */
+    UCT_USNIC_MD_ACCESS_BAD_RANGE  /* Not entirely inside the registration */
+} uct_usnic_md_access_result_t;
 
 
 extern uct_component_t uct_usnic_component;
@@ -92,10 +93,17 @@ ucs_status_t uct_usnic_sock_getinfo(const char *domain_name,
                                     struct fi_info **info_p);
 
 
-uct_usnic_md_put_result_t
-uct_usnic_md_put(uct_usnic_md_t *md, const uct_usnic_rkey_t *rkey,
-                 uint64_t address, size_t length, size_t offset,
-                 const void *data, size_t data_length);
+/*
+ * A remote peer's write (write != 0: buffer to memory) or read (memory to
+ * buffer) of buf_length bytes at offset within [address, address + length),
+ * done only if the key grants that access to the whole range. Holds the
+ * registrations' lock, so that a concurrent deregistration cannot pull the
+ * memory away in between.
+ */
+uct_usnic_md_access_result_t
+uct_usnic_md_access(uct_usnic_md_t *md, const uct_usnic_rkey_t *rkey,
+                    int write, uint64_t address, size_t length, size_t offset,
+                    void *buf, size_t buf_length);
 
 
 ucs_status_t uct_usnic_md_query_devices(uct_md_h md,

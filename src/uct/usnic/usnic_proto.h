@@ -40,6 +40,9 @@ typedef enum {
     UCT_USNIC_PKT_ACK   = 2, /* Acknowledgement, priority channel */
     UCT_USNIC_PKT_PUT   = 3, /* Remote write (fragment), data channel */
     UCT_USNIC_PKT_PROBE = 4, /* Asks for an ACK (ep_check), data channel */
+    UCT_USNIC_PKT_GET   = 5, /* Remote read request, data channel */
+    UCT_USNIC_PKT_GET_REPLY = 6, /* Data of a remote read (fragment), data
+                                    channel */
     UCT_USNIC_PKT_LAST
 } uct_usnic_pkt_type_t;
 
@@ -105,6 +108,38 @@ typedef struct uct_usnic_put_ext {
     uint32_t length;  /* Of the whole write */
     uint32_t offset;  /* Of this datagram's data within the write */
 } UCS_S_PACKED uct_usnic_put_ext_t;
+
+
+/**
+ * Body of a GET packet: what to read and the key that grants it. The target
+ * answers on its own stream to the requester's iface.
+ */
+typedef struct uct_usnic_get_ext {
+    uint64_t secret;  /* Of the target's registration */
+    uint64_t address; /* Target address of the read */
+    uint32_t rkey_id; /* Target's registration */
+    uint32_t length;  /* Bytes to read */
+    uint32_t get_id;  /* Requester's read, echoed in the reply */
+    uint32_t get_serial; /* Tells apart reads that reuse an id */
+} UCS_S_PACKED uct_usnic_get_ext_t;
+
+
+/* Status of a GET_REPLY */
+enum {
+    UCT_USNIC_GET_REPLY_OK      = 0,
+    UCT_USNIC_GET_REPLY_REFUSED = 1  /* Key or range check failed: no data */
+};
+
+
+/**
+ * Start of the body of every GET_REPLY packet; the read data follows.
+ */
+typedef struct uct_usnic_get_reply_ext {
+    uint32_t get_id;  /* From the request */
+    uint32_t get_serial;
+    uint32_t offset;  /* Of this datagram's data within the read */
+    uint32_t status;  /* UCT_USNIC_GET_REPLY_xx */
+} UCS_S_PACKED uct_usnic_get_reply_ext_t;
 
 
 /**

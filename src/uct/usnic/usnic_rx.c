@@ -10,6 +10,7 @@
 
 #include "usnic_rx.h"
 #include "usnic_ep.h"
+#include "usnic_get.h"
 
 #include <ucs/debug/log.h>
 
@@ -37,12 +38,6 @@ static UCS_F_ALWAYS_INLINE unsigned
 uct_usnic_rx_ooo_slot(const uct_usnic_iface_t *iface, uct_usnic_psn_t psn)
 {
     return psn & (iface->config.window - 1);
-}
-
-static UCS_F_ALWAYS_INLINE uint32_t
-uct_usnic_rx_stream_peer(const uct_usnic_rx_stream_t *stream)
-{
-    return stream->key >> 32;
 }
 
 static uct_usnic_rx_stream_t *
@@ -283,8 +278,8 @@ static int uct_usnic_rx_hdr_check(uct_usnic_iface_t *iface,
 }
 
 /*
- * Parse and check a datagram of the data channel: AM or PUT. The body is
- * what lies between the header and the trailers.
+ * Parse and check a datagram of the data channel: AM, PUT, PROBE, GET or
+ * GET_REPLY. The body is what lies between the header and the trailers.
  */
 static const uct_usnic_hdr_t *
 uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
@@ -302,11 +297,22 @@ uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
         if (hdr->flags & UCT_USNIC_PKT_FLAG_ACK) {
             ack_len = sizeof(uct_usnic_ack_ext_t);
         }
-        if (hdr->type == UCT_USNIC_PKT_PUT) {
+        switch (hdr->type) {
+        case UCT_USNIC_PKT_PUT:
             type     = UCT_USNIC_PKT_PUT;
             min_body = sizeof(uct_usnic_put_ext_t);
-        } else if (hdr->type == UCT_USNIC_PKT_PROBE) {
+            break;
+        case UCT_USNIC_PKT_PROBE:
             type     = UCT_USNIC_PKT_PROBE;
+            break;
+        case UCT_USNIC_PKT_GET:
+            type     = UCT_USNIC_PKT_GET;
+            min_body = sizeof(uct_usnic_get_ext_t);
+            break;
+        case UCT_USNIC_PKT_GET_REPLY:
+            type     = UCT_USNIC_PKT_GET_REPLY;
+            min_body = sizeof(uct_usnic_get_reply_ext_t);
+            break;
         }
     }
 
@@ -319,7 +325,9 @@ uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
     if (ucs_unlikely((hdr->flags & ~UCT_USNIC_PKT_FLAGS_ALL) ||
                      (hdr->am_id >= ((type == UCT_USNIC_PKT_AM) ?
                                      UCT_AM_ID_MAX : 1)) ||
-                     ((type == UCT_USNIC_PKT_PROBE) && (*body_len_p != 0)))) {
+                     ((type == UCT_USNIC_PKT_PROBE) && (*body_len_p != 0)) ||
+                     ((type == UCT_USNIC_PKT_GET) &&
+                      (*body_len_p != sizeof(uct_usnic_get_ext_t))))) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
         return NULL;
     }
@@ -331,36 +339,35 @@ uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
     return hdr;
 }
 
-/*
- * A remote write was refused: count it and tell the user, at most once a
- * second (a hostile or broken peer could send many), naming the peer.
- */
-static void uct_usnic_rx_put_refused(uct_usnic_iface_t *iface,
-                                     const uct_usnic_rx_stream_t *stream,
-                                     const uct_usnic_put_ext_t *put,
-                                     uct_usnic_rx_drop_t reason)
+void uct_usnic_rx_refused(uct_usnic_iface_t *iface,
+                          const uct_usnic_rx_stream_t *stream, int write,
+                          uint32_t rkey_id, uint64_t address, uint32_t length,
+                          uct_usnic_md_access_result_t result)
 {
+    static const uct_usnic_rx_drop_t reasons[2][2] = {
+        {UCT_USNIC_RX_DROP_GET_KEY, UCT_USNIC_RX_DROP_GET_RANGE},
+        {UCT_USNIC_RX_DROP_PUT_KEY, UCT_USNIC_RX_DROP_PUT_RANGE}
+    };
+    int bad_range  = (result == UCT_USNIC_MD_ACCESS_BAD_RANGE);
     ucs_time_t now = ucs_get_time();
     char addr_str[INET_ADDRSTRLEN];
 
-    uct_usnic_iface_drop(iface, reason);
+    uct_usnic_iface_drop(iface, reasons[!!write][bad_range]);
     if ((iface->put_refused_logged != 0) &&
         ((now - iface->put_refused_logged) < ucs_time_from_sec(1.0))) {
         ++iface->put_refused_unlogged;
         return;
     }
 
-    ucs_warn("usnic iface %p: refused a remote write from %s:%u: %s "
+    ucs_warn("usnic iface %p: refused a remote %s from %s:%u: %s "
              "(key %u, address 0x%" PRIx64 ", %u bytes); %lu more refused "
-             "since the previous report", iface,
+             "since the previous report", iface, write ? "write" : "read",
              inet_ntop(AF_INET, &stream->src_in_addr, addr_str,
                        sizeof(addr_str)),
              ntohs(stream->src_port),
-             (reason == UCT_USNIC_RX_DROP_PUT_RANGE) ?
-             "range outside the registered region" :
-             "no live registration with that key",
-             put->rkey_id, put->address, put->length,
-             iface->put_refused_unlogged);
+             bad_range ? "range outside the registered region" :
+                         "no live registration with that key",
+             rkey_id, address, length, iface->put_refused_unlogged);
     iface->put_refused_logged   = now;
     iface->put_refused_unlogged = 0;
 }
@@ -373,6 +380,7 @@ static void uct_usnic_rx_put(uct_usnic_iface_t *iface,
     uct_usnic_md_t *md = ucs_derived_of(iface->super.md, uct_usnic_md_t);
     const uct_usnic_put_ext_t *put = body;
     size_t data_len                = body_len - sizeof(*put);
+    uct_usnic_md_access_result_t result;
     uct_usnic_rkey_t rkey;
 
     if (ucs_unlikely((put->offset > put->length) ||
@@ -387,18 +395,11 @@ static void uct_usnic_rx_put(uct_usnic_iface_t *iface,
 
     rkey.id     = put->rkey_id;
     rkey.secret = put->secret;
-    switch (uct_usnic_md_put(md, &rkey, put->address, put->length,
-                             put->offset, put + 1, data_len)) {
-    case UCT_USNIC_MD_PUT_OK:
-        break;
-    case UCT_USNIC_MD_PUT_BAD_KEY:
-        uct_usnic_rx_put_refused(iface, stream, put,
-                                 UCT_USNIC_RX_DROP_PUT_KEY);
-        break;
-    case UCT_USNIC_MD_PUT_BAD_RANGE:
-        uct_usnic_rx_put_refused(iface, stream, put,
-                                 UCT_USNIC_RX_DROP_PUT_RANGE);
-        break;
+    result      = uct_usnic_md_access(md, &rkey, 1, put->address, put->length,
+                                      put->offset, (void*)(put + 1), data_len);
+    if (result != UCT_USNIC_MD_ACCESS_OK) {
+        uct_usnic_rx_refused(iface, stream, 1, put->rkey_id, put->address,
+                             put->length, result);
     }
 }
 
@@ -421,8 +422,15 @@ uct_usnic_rx_in_order(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
     }
 
     stream->closed_reply = 0;
-    if (hdr->type == UCT_USNIC_PKT_PUT) {
+    switch (hdr->type) {
+    case UCT_USNIC_PKT_PUT:
         uct_usnic_rx_put(iface, stream, hdr + 1, body_len);
+        return UCS_OK;
+    case UCT_USNIC_PKT_GET:
+        uct_usnic_get_serve(iface, stream, hdr + 1, body_len);
+        return UCS_OK;
+    case UCT_USNIC_PKT_GET_REPLY:
+        uct_usnic_get_rx_reply(iface, stream, hdr + 1, body_len);
         return UCS_OK;
     }
 

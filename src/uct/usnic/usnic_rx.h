@@ -49,6 +49,14 @@ typedef struct uct_usnic_rx_stream {
 } uct_usnic_rx_stream_t;
 
 
+/* Incarnation of the iface the stream comes from */
+static UCS_F_ALWAYS_INLINE uint32_t
+uct_usnic_rx_stream_peer(const uct_usnic_rx_stream_t *stream)
+{
+    return stream->key >> 32;
+}
+
+
 ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
                                uct_usnic_rx_desc_t *desc, void *data,
                                size_t length);
@@ -66,6 +74,13 @@ void uct_usnic_rx_ack_take(uct_usnic_rx_stream_t *stream,
 
 void uct_usnic_rx_stream_destroy(uct_usnic_iface_t *iface,
                                  uct_usnic_rx_stream_t *stream);
+
+/* A remote write (write != 0) or read was refused: count it, and tell the
+ * user at most once a second */
+void uct_usnic_rx_refused(uct_usnic_iface_t *iface,
+                          const uct_usnic_rx_stream_t *stream, int write,
+                          uint32_t rkey_id, uint64_t address, uint32_t length,
+                          uct_usnic_md_access_result_t result);
 
 void uct_usnic_am_buf_release(uct_recv_desc_t *self, void *desc);
 

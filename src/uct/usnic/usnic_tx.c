@@ -9,6 +9,7 @@
 #endif
 
 #include "usnic_ep.h"
+#include "usnic_get.h"
 #include "usnic_rx.h"
 
 #include <ucs/debug/log.h>
@@ -190,10 +191,8 @@ void uct_usnic_tx_queue(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
     desc->flags   = 0;
     desc->resends = 0;
 
-    if (ep->tx_count++ == 0) {
-        ucs_list_add_tail(&iface->active_eps, &ep->active_list);
-        ep->progress_time = ucs_get_time();
-    }
+    uct_usnic_ep_activate(ep);
+    ++ep->tx_count;
     ++iface->tx_outstanding;
     ++iface->stats.tx_packets;
     iface->sent_since_progress = 1;
@@ -212,13 +211,14 @@ static void uct_usnic_tx_desc_release(uct_usnic_iface_t *iface,
     }
     --iface->tx_outstanding;
     ucs_mpool_put_inline(desc);
-    if (--ep->tx_count == 0) {
-        ucs_list_del(&ep->active_list);
-    }
+    --ep->tx_count;
+    uct_usnic_ep_deactivate(ep);
 }
 
-static void uct_usnic_tx_flush_complete(uct_usnic_ep_t *ep, int all,
-                                        ucs_status_t status)
+/* A flush waits for the ACK of the last packet sent before it, and for the
+ * data of the reads requested before it */
+void uct_usnic_tx_flush_complete(uct_usnic_ep_t *ep, int all,
+                                 ucs_status_t status)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_flush_req_t *req;
@@ -226,7 +226,8 @@ static void uct_usnic_tx_flush_complete(uct_usnic_ep_t *ep, int all,
     while (!ucs_queue_is_empty(&ep->flush_reqs)) {
         req = ucs_queue_head_elem_non_empty(&ep->flush_reqs,
                                             uct_usnic_flush_req_t, queue);
-        if (!all && UCT_USNIC_PSN_GT(req->psn, ep->acked_psn)) {
+        if (!all && (UCT_USNIC_PSN_GT(req->psn, ep->acked_psn) ||
+                     uct_usnic_get_before(ep, req->psn))) {
             break;
         }
 
@@ -248,6 +249,7 @@ void uct_usnic_tx_window_purge(uct_usnic_ep_t *ep, ucs_status_t status)
         uct_usnic_tx_desc_release(iface, ep, desc);
     }
     ep->acked_psn = ep->next_psn - 1;
+    uct_usnic_get_purge(ep, status);
     uct_usnic_tx_flush_complete(ep, 1, status);
 }
 

@@ -220,6 +220,124 @@ protected:
         receiver_iface()->put_refused_logged = 0;
     }
 
+    size_t get_max() const
+    {
+        return m_sender->iface_attr().cap.get.max_zcopy;
+    }
+
+    static void unpack(void *arg, const void *data, size_t length)
+    {
+        std::vector<uint8_t> *dest = (std::vector<uint8_t>*)arg;
+
+        dest->assign((const uint8_t*)data, (const uint8_t*)data + length);
+    }
+
+    /* Read from the target and wait for the data; the status of the read */
+    ucs_status_t get(uint64_t address, uct_rkey_t rkey, size_t length,
+                     bool zcopy, std::vector<uint8_t> &data)
+    {
+        ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(60);
+        uct_completion_t comp;
+        ucs_status_t status;
+        uct_iov_t iov[2];
+
+        comp.func   = comp_cb;
+        comp.count  = 1;
+        comp.status = UCS_OK;
+        data.assign(length, 0);
+        /* Two iov entries, to see the data scattered across them */
+        iov[0].buffer = &data[0];
+        iov[0].length = length / 3;
+        iov[0].memh   = UCT_MEM_HANDLE_NULL;
+        iov[0].stride = 0;
+        iov[0].count  = 1;
+        iov[1]        = iov[0];
+        iov[1].buffer = &data[length / 3];
+        iov[1].length = length - length / 3;
+        do {
+            status = zcopy ? uct_ep_get_zcopy(m_sender->ep(0), iov, 2, address,
+                                              rkey, &comp) :
+                             uct_ep_get_bcopy(m_sender->ep(0), unpack, &data,
+                                              length, address, rkey, &comp);
+            if (status == UCS_ERR_NO_RESOURCE) {
+                progress();
+            }
+        } while ((status == UCS_ERR_NO_RESOURCE) &&
+                 (ucs_get_time() < deadline));
+
+        if (status != UCS_INPROGRESS) {
+            return status;
+        }
+
+        while ((comp.count > 0) && (ucs_get_time() < deadline)) {
+            progress();
+        }
+        EXPECT_EQ(0, comp.count) << "read not completed";
+        return comp.status;
+    }
+
+    static void comp_cb(uct_completion_t *self)
+    {
+    }
+
+    /* Reads of random ranges after random writes on the same ep: each read
+     * returns the region as the writes before it left it */
+    void random_puts_gets(size_t count)
+    {
+        size_t max_len = ucs_min(ucs_min(put_max_bcopy(), get_max()),
+                                 REGION_SIZE);
+        std::vector<uint8_t> data;
+
+        for (size_t i = 0; i < count; ++i) {
+            size_t length = ucs::rand() %
+                            (ucs_min(max_len, 1ul << (i % 17)) + 1);
+            size_t offset = ucs::rand() % (REGION_SIZE - length + 1);
+
+            data = pattern(length, i);
+            put_ok(offset, &data[0], length);
+
+            length = 1 + ucs::rand() % max_len;
+            offset = ucs::rand() % (REGION_SIZE - length + 1);
+            ASSERT_UCS_OK(get(region_addr(offset), m_rkey.rkey, length,
+                              i & 1, data));
+            ASSERT_TRUE(std::equal(data.begin(), data.end(),
+                                   &m_expected[GUARD_SIZE + offset]))
+                    << "read " << i << " of " << length << " bytes at "
+                    << offset;
+        }
+
+        check_arena();
+        for (int reason = UCT_USNIC_RX_DROP_PUT_KEY;
+             reason <= UCT_USNIC_RX_DROP_GET_RANGE; ++reason) {
+            EXPECT_EQ(0u, drops((uct_usnic_rx_drop_t)reason));
+        }
+    }
+
+    /* A read the key does not allow fails, and the ep goes on */
+    void check_get_refused(uint64_t address, uct_rkey_t rkey, size_t length,
+                           uct_usnic_rx_drop_t reason)
+    {
+        uint64_t before = drops(reason);
+        std::vector<uint8_t> data;
+
+        m_warnings.clear();
+        {
+            scoped_log_handler slh(wrap_warns_logger);
+            EXPECT_EQ(UCS_ERR_INVALID_ADDR,
+                      get(address, rkey, length, true, data));
+        }
+        EXPECT_EQ(before + 1, drops(reason));
+        ASSERT_EQ(1u, m_warnings.size());
+        EXPECT_NE(std::string::npos,
+                  m_warnings[0].find("refused a remote read from 127.0.0.1"))
+                << m_warnings[0];
+        receiver_iface()->put_refused_logged = 0;
+
+        EXPECT_UCS_OK(get(region_addr(), m_rkey.rkey, 100, false, data));
+        EXPECT_TRUE(std::equal(data.begin(), data.end(),
+                               &m_expected[GUARD_SIZE]));
+    }
+
     /* Random-size, random-offset, overlapping writes, the whole arena
      * compared with the expected image every 1,000 */
     void random_puts(size_t count)
@@ -257,6 +375,10 @@ protected:
     uct_rkey_bundle_t    m_rkey;
 };
 
+const size_t  test_usnic_put::GUARD_SIZE;
+const size_t  test_usnic_put::REGION_SIZE;
+const uint8_t test_usnic_put::GUARD_BYTE;
+
 UCS_TEST_P(test_usnic_put, caps) {
     const uct_iface_attr_t &attr = m_sender->iface_attr();
     uct_md_attr_t md_attr;
@@ -264,14 +386,142 @@ UCS_TEST_P(test_usnic_put, caps) {
     ASSERT_UCS_OK(uct_md_query(m_receiver->md(), &md_attr));
     EXPECT_TRUE(md_attr.cap.flags & UCT_MD_FLAG_REG);
     EXPECT_TRUE(md_attr.cap.flags & UCT_MD_FLAG_NEED_RKEY);
-    EXPECT_TRUE(attr.cap.flags & UCT_IFACE_FLAG_PUT_BCOPY);
-    EXPECT_FALSE(attr.cap.flags & (UCT_IFACE_FLAG_PUT_SHORT |
-                                   UCT_IFACE_FLAG_PUT_ZCOPY));
+    /* What UCP's RMA lanes ask for */
+    EXPECT_TRUE(ucs_test_all_flags(attr.cap.flags,
+                                   UCT_IFACE_FLAG_PUT_SHORT |
+                                   UCT_IFACE_FLAG_PUT_BCOPY |
+                                   UCT_IFACE_FLAG_GET_BCOPY |
+                                   UCT_IFACE_FLAG_GET_ZCOPY |
+                                   UCT_IFACE_FLAG_PENDING));
+    EXPECT_FALSE(attr.cap.flags & UCT_IFACE_FLAG_GET_SHORT);
     EXPECT_GE(attr.cap.put.max_bcopy, 8192u);
+    EXPECT_EQ(receiver_iface()->config.put_max_payload,
+              attr.cap.put.max_short);
+    EXPECT_GE(attr.cap.get.max_bcopy, 8192u);
+    EXPECT_EQ(attr.cap.get.max_bcopy, attr.cap.get.max_zcopy);
 }
 
 UCS_TEST_P(test_usnic_put, random_puts) {
     random_puts(100000 / ucs::test_time_multiplier());
+}
+
+UCS_TEST_P(test_usnic_put, put_short) {
+    std::vector<uint8_t> data = pattern(m_sender->iface_attr().cap.put.max_short,
+                                        3);
+    ucs_status_t status;
+
+    for (size_t length = 0; length <= data.size(); length += 97) {
+        do {
+            status = uct_ep_put_short(m_sender->ep(0), &data[0], length,
+                                      region_addr(length), m_rkey.rkey);
+            progress();
+        } while (status == UCS_ERR_NO_RESOURCE);
+        ASSERT_UCS_OK(status);
+        memcpy(&m_expected[GUARD_SIZE + length], &data[0], length);
+    }
+    flush_sender();
+    check_arena();
+}
+
+UCS_TEST_P(test_usnic_put, get_after_put) {
+    random_puts_gets(2000 / ucs::test_time_multiplier());
+}
+
+UCS_TEST_P(test_usnic_put, get_whole_region) {
+    std::vector<uint8_t> data = pattern(REGION_SIZE, 8);
+    std::vector<uint8_t> read;
+
+    for (size_t offset = 0; offset < REGION_SIZE; offset += put_max_bcopy()) {
+        put_ok(offset, &data[offset],
+               ucs_min(put_max_bcopy(), REGION_SIZE - offset));
+    }
+    for (size_t offset = 0; offset < REGION_SIZE; offset += get_max()) {
+        size_t length = ucs_min(get_max(), REGION_SIZE - offset);
+
+        ASSERT_UCS_OK(get(region_addr(offset), m_rkey.rkey, length, true,
+                          read));
+        EXPECT_TRUE(std::equal(read.begin(), read.end(), &data[offset]));
+    }
+}
+
+/* A flush completes only once the reads before it have their data */
+struct flush_after_gets {
+    uct_completion_t super;
+    uct_completion_t gets;
+    int              gets_left; /* When the flush completed */
+};
+
+static void flush_after_gets_cb(uct_completion_t *self)
+{
+    flush_after_gets *check = ucs_container_of(self, flush_after_gets, super);
+
+    check->gets_left = check->gets.count;
+}
+
+UCS_TEST_P(test_usnic_put, flush_waits_for_gets) {
+    static const int NUM_GETS = 8;
+    std::vector<std::vector<uint8_t> > data(NUM_GETS);
+    ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(60);
+    flush_after_gets check;
+    ucs_status_t status;
+    uct_iov_t iov;
+    int i;
+
+    check.gets.func    = comp_cb;
+    check.gets.count   = NUM_GETS;
+    check.gets.status  = UCS_OK;
+    check.super.func   = flush_after_gets_cb;
+    check.super.count  = 1;
+    check.super.status = UCS_OK;
+    check.gets_left    = -1;
+    for (i = 0; i < NUM_GETS; ++i) {
+        data[i].resize(get_max());
+        iov.buffer = &data[i][0];
+        iov.length = data[i].size();
+        iov.memh   = UCT_MEM_HANDLE_NULL;
+        iov.stride = 0;
+        iov.count  = 1;
+        do {
+            status = uct_ep_get_zcopy(m_sender->ep(0), &iov, 1, region_addr(),
+                                      m_rkey.rkey, &check.gets);
+            if (status == UCS_ERR_NO_RESOURCE) {
+                progress();
+            }
+        } while (status == UCS_ERR_NO_RESOURCE);
+        ASSERT_EQ(UCS_INPROGRESS, status);
+    }
+
+    ASSERT_EQ(UCS_INPROGRESS, uct_ep_flush(m_sender->ep(0), 0, &check.super));
+    while ((check.super.count > 0) && (ucs_get_time() < deadline)) {
+        progress();
+    }
+    EXPECT_EQ(0, check.super.count);
+    EXPECT_EQ(0, check.gets_left) << "flush completed before the reads";
+    EXPECT_UCS_OK(uct_ep_flush(m_sender->ep(0), 0, NULL));
+    for (i = 0; i < NUM_GETS; ++i) {
+        EXPECT_TRUE(std::equal(data[i].begin(), data[i].end(),
+                               &m_expected[GUARD_SIZE]));
+    }
+}
+
+UCS_TEST_P(test_usnic_put, get_refused) {
+    uct_usnic_rkey_t forged = *(uct_usnic_rkey_t*)m_rkey.rkey;
+    uct_rkey_bundle_t rkey;
+    uct_mem_h memh;
+
+    check_get_refused(region_addr(REGION_SIZE - 10), m_rkey.rkey, 11,
+                      UCT_USNIC_RX_DROP_GET_RANGE);
+    check_get_refused((uintptr_t)&m_arena[0], m_rkey.rkey, get_max(),
+                      UCT_USNIC_RX_DROP_GET_RANGE);
+    forged.secret ^= 1;
+    check_get_refused(region_addr(), (uintptr_t)&forged, 64,
+                      UCT_USNIC_RX_DROP_GET_KEY);
+
+    /* Registered for remote writes, not reads */
+    memh = register_region(UCT_MD_MEM_ACCESS_REMOTE_PUT, &rkey);
+    check_get_refused(region_addr(), rkey.rkey, 100,
+                      UCT_USNIC_RX_DROP_GET_KEY);
+    release_region(memh, &rkey);
 }
 
 UCS_TEST_P(test_usnic_put, whole_region) {
@@ -477,6 +727,16 @@ UCS_TEST_P(test_usnic_put_faults, drop_5_percent) {
 
 UCS_TEST_P(test_usnic_put_faults, drop_20_percent) {
     random_puts_through({{"FAULT_DROP", "0.2"}});
+}
+
+UCS_TEST_P(test_usnic_put_faults, gets_drop_10_percent) {
+    modify_config("FAULT_DROP", "0.1", IGNORE_IF_NOT_EXIST);
+    modify_config("USNIC_FAULT_DROP", "0.1", IGNORE_IF_NOT_EXIST);
+    create_entities();
+    random_puts_gets(500 / ucs::test_time_multiplier());
+    EXPECT_GT(ucs_derived_of(m_sender->iface(), uct_usnic_iface_t)
+                      ->stats.tx_resends +
+              receiver_iface()->stats.tx_resends, 0u);
 }
 
 UCS_TEST_P(test_usnic_put_faults, reorder_duplicate_corrupt) {
