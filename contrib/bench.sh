@@ -1,22 +1,32 @@
 #!/usr/bin/env bash
 #
 # Benchmark usnic beside its peers on the same link in the same run, and
-# print the tables with ratios:
-#   latency, 8-byte messages: raw libfabric datagram ping-pong (fi_pingpong
-#     -p udp -e dgram), ucx_perftest am_lat over usnic and over tcp;
-#   message rate, 8-byte messages: raw datagrams (contrib/dgram_rate.c, no
+# print the tables with ratios. usnic runs over its built-in kernel provider
+# and over libfabric's udp provider:
+#   latency, 8-byte messages: raw kernel UDP ping-pong (contrib/udp_raw.c),
+#     raw libfabric datagram ping-pong (fi_pingpong -p udp -e dgram),
+#     ucx_perftest am_lat over usnic and over tcp;
+#   message rate, 8-byte messages: raw datagrams (udp_raw.c with
+#     sendmmsg/recvmmsg, contrib/dgram_rate.c over libfabric; no
 #     reliability), ucx_perftest am_bw short over usnic and over tcp;
-#   bandwidth, 8 KiB messages: am_bw bcopy over usnic and over tcp, and
-#     raw datagrams of the largest size the provider sends;
-#   memory: RSS of a usnic am_bw client at start and end of a long stream.
+#   bandwidth, 8 KiB messages: am_bw bcopy over usnic and over tcp, raw
+#     kernel UDP with segmentation offload and raw libfabric datagrams;
+#   UCP tag_bw at 64 KiB and 1 MiB over usnic and tcp;
+#   user-space cycles per datagram sent and received (am_bw, 8 bytes: user
+#     CPU time of each side times the CPU clock, over the datagrams);
+#   memory: RSS of a usnic am_bw client at start and end of a long stream,
+#     heap per endpoint;
+#   a plot (gnuplot, PNG) of latency and bandwidth against message size;
+#   Open MPI ping-pong (contrib/mpi.sh) over usnic and tcp.
 #
 #   contrib/bench.sh [--lo] [-n ITERATIONS] [-r REPEAT] [--rss-messages N]
+#                    [--no-mpi]
 #
 # Default: across two network namespaces joined by a veth pair; --lo: this
-# host's loopback. Every measurement runs REPEAT times (default 3), the
-# tools taking turns, and the tables show the medians: this machine is
-# noisy, so only ratios from one run mean something. Logs go to
-# build/<leg>/bench/.
+# host's loopback (then without Open MPI). Every measurement runs REPEAT
+# times (default 3), the tools taking turns, and the tables show the
+# medians: this machine is noisy, so only ratios from one run mean
+# something. Logs and the plot go to build/<leg>/bench/.
 #
 set -euo pipefail
 
@@ -27,20 +37,23 @@ mode=netns
 iters=1000000
 repeat=3
 rss_messages=10000000
+mpi=1
 while [ $# -gt 0 ]; do
     case $1 in
-    --lo)           mode=lo ;;
+    --lo)           mode=lo; mpi=0 ;;
     -n)             iters=$2; shift ;;
     -r)             repeat=$2; shift ;;
     --rss-messages) rss_messages=$2; shift ;;
+    --no-mpi)       mpi=0 ;;
     *)  usnic_die "usage: $0 [--lo] [-n ITERATIONS] [-r REPEAT]" \
-                  "[--rss-messages N]" ;;
+                  "[--rss-messages N] [--no-mpi]" ;;
     esac
     shift
 done
 
 "${usnic_top}/contrib/build.sh"
 usnic_env
+usnic_apt_install gnuplot-nox
 
 logs=${usnic_leg_dir}/bench
 mkdir -p "${logs}"
@@ -48,6 +61,8 @@ cc -O2 -Wall -o "${logs}/dgram_rate" "${usnic_top}/contrib/dgram_rate.c" \
     ${LIBFABRIC_SRC:+-I"${usnic_fabric_prefix}/include"} \
     ${LIBFABRIC_SRC:+-L"${usnic_fabric_prefix}/lib"} -lfabric ||
     usnic_die "cannot build contrib/dgram_rate.c"
+cc -O2 -Wall -o "${logs}/udp_raw" "${usnic_top}/contrib/udp_raw.c" ||
+    usnic_die "cannot build contrib/udp_raw.c"
 cc -O2 -Wall -o "${logs}/ep_memory" "${usnic_top}/contrib/ep_memory.c" \
     -I"${usnic_prefix}/include" -L"${usnic_prefix}/lib" \
     -Wl,-rpath,"${usnic_prefix}/lib" -luct -lucs ||
@@ -58,16 +73,73 @@ usnic_pair_setup "${mode}"
 dev=${usnic_pair_dev}
 port=$((20000 + $$ % 10000))
 
-# perftest <log> <tl> <ucx_perftest test arguments...>
+# What is measured: usnic over each provider, and tcp
+variants=(kernel udp tcp)
+declare -A variant_name=([kernel]="usnic, kernel provider"
+                         [udp]="usnic, libfabric udp" [tcp]="tcp")
+
+# The environment and UCT transport of a variant
+variant_env() {
+    case $1 in
+    tcp) echo "UCX_TLS=tcp" ;;
+    *)   echo "UCX_TLS=usnic UCX_USNIC_PROVIDER=$1" ;;
+    esac
+}
+
+variant_tl() {
+    [ "$1" = tcp ] && echo tcp || echo usnic
+}
+
+# perftest <log> <variant> <ucx_perftest test arguments...>
 # Prints the "Final:" line's fields: overall latency (usec), overall
-# bandwidth (MB/s), overall message rate (msg/s).
+# bandwidth (MB/s), overall message rate (msg/s). UCT tests (-t am_*) get
+# the variant's transport and device; UCP tests its UCX_TLS and
+# UCX_NET_DEVICES.
 perftest() {
-    local log=$1 tl=$2 pt
+    local log=$1 variant=$2 pt
     shift 2
-    pt=("${usnic_bin}/ucx_perftest" -x "${tl}" -d "${dev}" -p "${port}")
+    # shellcheck disable=SC2046 # the environment is words on purpose
+    pt=(env $(variant_env "${variant}") UCX_NET_DEVICES="${dev}"
+        "${usnic_bin}/ucx_perftest" -p "${port}")
+    case $* in
+    *"-t am_"*) pt+=(-x "$(variant_tl "${variant}")" -d "${dev}") ;;
+    esac
     usnic_pair_run "${log}" t "${port}" "${pt[@]}" -- \
         "${pt[@]}" @ADDR@ "$@" >/dev/null
     awk '/Final:/ { print $5, $7, $9 }' "${log}.client"
+}
+
+# udp_raw <mode> <count>: the raw kernel UDP figure of that mode
+udp_raw() {
+    usnic_pair_run "${logs}/udp_raw_$1" u "${port}" \
+        "${logs}/udp_raw" -m "$1" -b "${usnic_pair_addr}" -P "${port}" -- \
+        "${logs}/udp_raw" -m "$1" -n "$2" -P "${port}" @ADDR@ >/dev/null
+    case $1 in
+    lat) awk '/^latency/ { print $2 }' "${logs}/udp_raw_lat.client" ;;
+    *)   awk '/^received/ { print $(NF - 1) }' "${logs}/udp_raw_$1.server" ;;
+    esac
+}
+
+# User-space CPU seconds of each side of an am_bw run, times the clock, per
+# datagram: "<sender cycles> <receiver cycles>"; every 8-byte message is
+# one datagram
+cpu_hz=$(awk -F: '/^cpu MHz/ { print $2 * 1e6; exit }' /proc/cpuinfo)
+cycles_per_dgram() {
+    local variant=$1 count=$2 log=${logs}/cycles_$1 pt
+    # shellcheck disable=SC2016 # expanded by the inner shell
+    local timed='"$@"; rc=$?; times; exit $rc'
+    # shellcheck disable=SC2046
+    pt=(env $(variant_env "${variant}") "${usnic_bin}/ucx_perftest"
+        -x "$(variant_tl "${variant}")" -d "${dev}" -p "${port}")
+    usnic_pair_run "${log}" t "${port}" bash -c "${timed}" timed "${pt[@]}" \
+        -- bash -c "${timed}" timed "${pt[@]}" @ADDR@ -t am_bw -D short \
+        -s 8 -n "${count}" >/dev/null
+    # times: the shell's own line, then its children's "user sys"
+    for side in client server; do
+        tail -n 1 "${log}.${side}" | awk -v hz="${cpu_hz}" -v n="${count}" '
+            { split($1, t, /[ms]/); printf "%.0f ", (t[1] * 60 + t[2]) * hz / n }'
+    done
+    echo
 }
 
 pingpong_lat() {
@@ -99,17 +171,18 @@ median() {
 }
 
 # table <title> <unit> <baseline row> <rows...>, a row being "name|value";
-# every value is compared with the baseline row's
+# every row's value is compared with the baseline row's, which is printed
+# among the rows where it is one of them
 table() {
     local title=$1 unit=$2 base=${3#*|} row
-    shift 2
+    shift 3
     echo
     echo "${title}"
-    printf '| %-46s | %10s | %8s |\n' "what" "${unit}" "ratio"
-    printf '|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..48})" "------------" \
+    printf '| %-50s | %10s | %8s |\n' "what" "${unit}" "ratio"
+    printf '|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..52})" "------------" \
         "----------"
     for row in "$@"; do
-        printf '| %-46s | %10s | %8s |\n' "${row%|*}" "${row#*|}" \
+        printf '| %-50s | %10s | %8s |\n' "${row%|*}" "${row#*|}" \
             "$(ratio "${row#*|}" "${base}")"
     done
 }
@@ -127,47 +200,147 @@ measure() {
     values+=("$(echo "${result}" | cut -d' ' -f"${field}")")
 }
 
-raw_lat=() usnic_lat=() tcp_lat=() raw_rate=() usnic_rate=() tcp_rate=()
-raw_bw=() usnic_bw=() tcp_bw=()
-# The largest datagram the provider sends; 8 KiB messages travel as six
+declare -A lat rate bw tag64k tag1m
+raw_lat=() fi_lat=() raw_rate=() fi_rate=() raw_bw=() fi_bw=()
+send_cycles=() recv_cycles=()
+# The largest datagram libfabric's udp provider sends; 8 KiB messages
+# travel as six
 max_dgram=1472
 bw_iters=$((iters / 4))
+tag_iters=$((iters / 1000 + 100))
 for run in $(seq "${repeat}"); do
     usnic_log "run ${run} of ${repeat}"
-    raw_lat+=("$(pingpong_lat)")
-    raw_rate+=("$(dgram_rate 8 "${iters}")")
-    raw_bw+=("$(dgram_rate "${max_dgram}" "$((bw_iters * 6))" |
-                awk -v s="${max_dgram}" '{ printf "%.2f", $1 * s / 1048576 }')")
-    for tl in usnic tcp; do
-        measure "${tl}_lat" 1 "${tl}_am_lat" "${tl}" \
-            -t am_lat -D short -s 8 -n "${iters}"
-        measure "${tl}_rate" 3 "${tl}_am_bw" "${tl}" \
-            -t am_bw -D short -s 8 -n "${iters}"
-        measure "${tl}_bw" 2 "${tl}_am_bw_8k" "${tl}" \
-            -t am_bw -D bcopy -s 8192 -n "${bw_iters}"
+    raw_lat+=("$(udp_raw lat "$((iters / 4))")")
+    fi_lat+=("$(pingpong_lat)")
+    raw_rate+=("$(udp_raw rate "${iters}")")
+    fi_rate+=("$(dgram_rate 8 "${iters}")")
+    raw_bw+=("$(udp_raw bw "$((bw_iters * 6))")")
+    fi_bw+=("$(dgram_rate "${max_dgram}" "$((bw_iters * 6))" |
+               awk -v s="${max_dgram}" '{ printf "%.2f", $1 * s / 1048576 }')")
+    for v in "${variants[@]}"; do
+        r=$(perftest "${logs}/${v}_am_lat" "${v}" -t am_lat -D short -s 8 \
+                     -n "${iters}")
+        lat[${v}]+=" ${r%% *}"
+        r=$(perftest "${logs}/${v}_am_bw" "${v}" -t am_bw -D short -s 8 \
+                     -n "${iters}")
+        rate[${v}]+=" ${r##* }"
+        r=$(perftest "${logs}/${v}_am_bw_8k" "${v}" -t am_bw -D bcopy \
+                     -s 8192 -n "${bw_iters}")
+        r=${r#* }
+        bw[${v}]+=" ${r%% *}"
+        r=$(perftest "${logs}/${v}_tag_bw_64k" "${v}" -t tag_bw -s 65536 \
+                     -n "$((tag_iters * 16))")
+        r=${r#* }
+        tag64k[${v}]+=" ${r%% *}"
+        r=$(perftest "${logs}/${v}_tag_bw_1m" "${v}" -t tag_bw -s 1048576 \
+                     -n "${tag_iters}")
+        r=${r#* }
+        tag1m[${v}]+=" ${r%% *}"
+    done
+    for v in kernel udp; do
+        read -r c_send c_recv < <(cycles_per_dgram "${v}" "${bw_iters}")
+        send_cycles+=("${v}:${c_send}")
+        recv_cycles+=("${v}:${c_recv}")
     done
 done
 
-raw="raw datagrams (fi_pingpong -p udp -e dgram)"
-table "Latency, 8-byte messages, one way (usec; lower is better; vs raw)" \
-    usec \
-    "${raw}|$(median "${raw_lat[@]}")" \
-    "usnic (ucx_perftest -t am_lat -D short -s 8)|$(median "${usnic_lat[@]}")" \
-    "tcp (ucx_perftest -t am_lat -D short -s 8)|$(median "${tcp_lat[@]}")"
+# rows <associative array name> <label suffix>: one row per variant
+rows() {
+    local -n values=$1
+    local v
+    for v in "${variants[@]}"; do
+        # shellcheck disable=SC2086 # a list of values
+        echo "${variant_name[${v}]} $2|$(median ${values[${v}]})"
+    done
+}
 
-raw="raw datagrams received (contrib/dgram_rate.c)"
-table "Message rate, 8-byte messages (msg/s; higher is better; vs raw)" \
-    msg/s \
-    "${raw}|$(median "${raw_rate[@]}")" \
-    "usnic (ucx_perftest -t am_bw -D short -s 8)|$(median "${usnic_rate[@]}")" \
-    "tcp (ucx_perftest -t am_bw -D short -s 8)|$(median "${tcp_rate[@]}")"
+# cycles <kernel|udp> <array>: median of that provider's samples
+cycles() {
+    local v=$1 sample values=()
+    local -n samples=$2
+    for sample in "${samples[@]}"; do
+        [ "${sample%%:*}" = "${v}" ] && values+=("${sample#*:}")
+    done
+    median "${values[@]}"
+}
 
-tcp="tcp (ucx_perftest -t am_bw -D bcopy -s 8192)"
+mapfile -t r < <(rows lat "(am_lat -D short -s 8)")
+raw="raw kernel UDP ping-pong (contrib/udp_raw.c)|$(median "${raw_lat[@]}")"
+table "Latency, 8-byte messages, one way (usec; lower is better; vs raw kernel UDP)" \
+    usec "${raw}" "${raw}" \
+    "raw libfabric udp datagrams (fi_pingpong)|$(median "${fi_lat[@]}")" \
+    "${r[@]}"
+
+mapfile -t r < <(rows rate "(am_bw -D short -s 8)")
+table "Message rate, 8-byte messages (msg/s; higher is better; vs tcp)" \
+    msg/s "${r[2]}" \
+    "raw kernel UDP, sendmmsg/recvmmsg (udp_raw.c)|$(median "${raw_rate[@]}")" \
+    "raw libfabric udp datagrams (dgram_rate.c)|$(median "${fi_rate[@]}")" \
+    "${r[@]}"
+
+mapfile -t r < <(rows bw "(am_bw -D bcopy -s 8192)")
 table "Bandwidth, 8 KiB messages, ${bw_iters} each (MB/s; higher is better; vs tcp)" \
-    MB/s \
-    "${tcp}|$(median "${tcp_bw[@]}")" \
-    "usnic (ucx_perftest -t am_bw -D bcopy -s 8192)|$(median "${usnic_bw[@]}")" \
-    "raw ${max_dgram}-byte datagrams (dgram_rate.c)|$(median "${raw_bw[@]}")"
+    MB/s "${r[2]}" \
+    "raw kernel UDP, 64 KiB segmentation offload|$(median "${raw_bw[@]}")" \
+    "raw libfabric udp ${max_dgram}-byte datagrams|$(median "${fi_bw[@]}")" \
+    "${r[@]}"
+
+mapfile -t r < <(rows tag64k "(UCP tag_bw -s 65536)")
+table "UCP tag_bw, 64 KiB messages (MB/s; higher is better; vs tcp)" \
+    MB/s "${r[2]}" "${r[@]}"
+mapfile -t r < <(rows tag1m "(UCP tag_bw -s 1048576)")
+table "UCP tag_bw, 1 MiB messages (MB/s; higher is better; vs tcp)" \
+    MB/s "${r[2]}" "${r[@]}"
+
+echo
+echo "User-space cycles per datagram, am_bw 8-byte messages (user CPU time" \
+     "of each side x ${cpu_hz} Hz / datagrams; both sides poll, so idle" \
+     "polling counts too)"
+printf '| %-28s | %10s | %10s |\n' "provider" "sending" "receiving"
+printf '|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..30})" "------------" \
+    "------------"
+for v in kernel udp; do
+    printf '| %-28s | %10s | %10s |\n' "${variant_name[${v}]}" \
+        "$(cycles "${v}" send_cycles)" "$(cycles "${v}" recv_cycles)"
+done
+
+# Latency and bandwidth against message size, one run each, for the plot
+sizes=(8 64 512 4096 16384 61440)
+plot_data=${logs}/by_size.dat
+{
+    echo "# size, then latency (usec) and bandwidth (MB/s) of: ${variants[*]}"
+    for size in "${sizes[@]}"; do
+        line=${size}
+        for v in "${variants[@]}"; do
+            r=$(perftest "${logs}/${v}_lat_${size}" "${v}" -t am_lat \
+                         -D bcopy -s "${size}" -n "$((iters / 20))")
+            line+=" ${r%% *}"
+            r=$(perftest "${logs}/${v}_bw_${size}" "${v}" -t am_bw \
+                         -D bcopy -s "${size}" -n "$((iters / 20))")
+            r=${r#* }
+            line+=" ${r%% *}"
+        done
+        echo "${line}"
+    done
+} >"${plot_data}"
+gnuplot <<GNUPLOT || usnic_die "gnuplot failed"
+set terminal pngcairo size 1100,450 font ",10"
+set output "${logs}/bench.png"
+set multiplot layout 1,2 title "usnic and tcp: ucx_perftest am_lat and am_bw, bcopy (${mode})"
+set logscale x 2
+set xlabel "message size (bytes)"
+set key top left
+set ylabel "one-way latency (usec)"
+plot for [i=0:2] "${plot_data}" using 1:(column(2 + 2 * i)) \
+     with linespoints title word("usnic-kernel usnic-udp tcp", i + 1)
+set ylabel "bandwidth (MB/s)"
+plot for [i=0:2] "${plot_data}" using 1:(column(3 + 2 * i)) \
+     with linespoints title word("usnic-kernel usnic-udp tcp", i + 1)
+unset multiplot
+GNUPLOT
+echo
+echo "Plot of latency and bandwidth against message size:" \
+     "${logs}/bench.png (data: ${plot_data})"
 
 # RSS of the usnic client, sampled every second while it streams
 rss_log=${logs}/usnic_rss.samples
@@ -203,3 +376,11 @@ printf '| %-46s | %10s |\n' "what" "bytes"
 printf '|%s|%s|\n' "$(printf -- '-%.0s' {1..48})" "------------"
 awk -F': ' '/ bytes$/ { sub(/ bytes$/, "", $2);
     printf "| %-46s | %10s |\n", $1, $2 }' "${logs}/ep_memory.out"
+
+if [ "${mpi}" = 1 ]; then
+    usnic_pair_cleanup
+    trap - EXIT
+    echo
+    echo "Open MPI ping-pong (contrib/mpi.sh): usnic (kernel provider) and tcp"
+    "${usnic_top}/contrib/mpi.sh" --no-build -u 4194304 -n 50
+fi

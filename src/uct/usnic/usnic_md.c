@@ -267,6 +267,9 @@ static ucs_status_t uct_usnic_md_query(uct_md_h uct_md,
      * uct_iface_mem_alloc() allocates elsewhere and registers here */
     md_attr->max_alloc        = SIZE_MAX;
     md_attr->reg_mem_types    = UCS_BIT(UCS_MEMORY_TYPE_HOST);
+    /* A registration is a table entry, valid while the memory is mapped:
+     * UCP may cache it (and its zero-copy protocols require that) */
+    md_attr->cache_mem_types  = UCS_BIT(UCS_MEMORY_TYPE_HOST);
     md_attr->access_mem_types = UCS_BIT(UCS_MEMORY_TYPE_HOST);
     md_attr->reg_cost         = ucs_linear_func_make(1e-7, 0);
     md_attr->rkey_packed_size = sizeof(uct_usnic_rkey_t);
