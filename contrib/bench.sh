@@ -16,7 +16,8 @@
 #     CPU time of each side times the CPU clock, over the datagrams);
 #   memory: RSS of a usnic am_bw client at start and end of a long stream,
 #     heap per endpoint;
-#   a plot (gnuplot, PNG) of latency and bandwidth against message size;
+#   a plot (gnuplot, PNG) of UCP latency and bandwidth against message
+#     size (tag_lat, tag_bw);
 #   Open MPI ping-pong (contrib/mpi.sh) over usnic and tcp.
 #
 #   contrib/bench.sh [--lo] [-n ITERATIONS] [-r REPEAT] [--rss-messages N]
@@ -304,19 +305,20 @@ for v in kernel udp; do
         "$(cycles "${v}" send_cycles)" "$(cycles "${v}" recv_cycles)"
 done
 
-# Latency and bandwidth against message size, one run each, for the plot
-sizes=(8 64 512 4096 16384 61440)
+# Latency and bandwidth against message size, one run each, for the plot;
+# through UCP, which takes every size over every transport
+sizes=(8 64 512 4096 32768 262144 1048576)
 plot_data=${logs}/by_size.dat
 {
     echo "# size, then latency (usec) and bandwidth (MB/s) of: ${variants[*]}"
     for size in "${sizes[@]}"; do
         line=${size}
         for v in "${variants[@]}"; do
-            r=$(perftest "${logs}/${v}_lat_${size}" "${v}" -t am_lat \
-                         -D bcopy -s "${size}" -n "$((iters / 20))")
+            r=$(perftest "${logs}/${v}_lat_${size}" "${v}" -t tag_lat \
+                         -s "${size}" -n "$((iters / 100 + 100))")
             line+=" ${r%% *}"
-            r=$(perftest "${logs}/${v}_bw_${size}" "${v}" -t am_bw \
-                         -D bcopy -s "${size}" -n "$((iters / 20))")
+            r=$(perftest "${logs}/${v}_bw_${size}" "${v}" -t tag_bw \
+                         -s "${size}" -n "$((iters / 100 + 100))")
             r=${r#* }
             line+=" ${r%% *}"
         done
@@ -324,15 +326,18 @@ plot_data=${logs}/by_size.dat
     done
 } >"${plot_data}"
 gnuplot <<GNUPLOT || usnic_die "gnuplot failed"
-set terminal pngcairo size 1100,450 font ",10"
+set terminal pngcairo size 1100,450 font ",10" noenhanced
 set output "${logs}/bench.png"
-set multiplot layout 1,2 title "usnic and tcp: ucx_perftest am_lat and am_bw, bcopy (${mode})"
+set multiplot layout 1,2 title "usnic and tcp: ucx_perftest tag_lat and tag_bw (UCP, ${mode})"
 set logscale x 2
-set xlabel "message size (bytes)"
+set format x "%.0s%cB"
+set xlabel "message size"
 set key top left
-set ylabel "one-way latency (usec)"
+set logscale y 10
+set ylabel "one-way latency (usec, log scale)"
 plot for [i=0:2] "${plot_data}" using 1:(column(2 + 2 * i)) \
      with linespoints title word("usnic-kernel usnic-udp tcp", i + 1)
+unset logscale y
 set ylabel "bandwidth (MB/s)"
 plot for [i=0:2] "${plot_data}" using 1:(column(3 + 2 * i)) \
      with linespoints title word("usnic-kernel usnic-udp tcp", i + 1)

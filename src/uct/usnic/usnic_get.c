@@ -357,11 +357,9 @@ uct_usnic_get_reply_ep(uct_usnic_iface_t *iface,
  * rather than waits.
  */
 static ucs_status_t
-uct_usnic_get_reply_send(uct_usnic_iface_t *iface,
-                         const uct_usnic_rx_stream_t *stream,
-                         uct_usnic_ep_t *ep,
-                         const uct_usnic_get_ext_t *request)
+uct_usnic_get_reply_send(uct_usnic_ep_t *ep, const uct_usnic_get_ext_t *request)
 {
+    uct_usnic_iface_t *iface  = uct_usnic_ep_iface(ep);
     uct_usnic_md_t *md        = ucs_derived_of(iface->super.md, uct_usnic_md_t);
     size_t max_data           = iface->config.get_max_payload;
     uct_usnic_rkey_t rkey     = {.secret = request->secret,
@@ -394,11 +392,10 @@ uct_usnic_get_reply_send(uct_usnic_iface_t *iface,
                                                 reply + 1, data_len);
         offset           += data_len;
         if (ucs_unlikely(result != UCT_USNIC_MD_ACCESS_OK)) {
-            if (stream != NULL) {
-                uct_usnic_rx_refused(iface, stream, 0, request->rkey_id,
-                                     request->address, request->length,
-                                     result);
-            }
+            uct_usnic_rx_refused(iface, ep->peer_dev_addr.in_addr,
+                                 ep->peer_iface_addr.ports[UCT_USNIC_CHANNEL_DATA],
+                                 0, request->rkey_id, request->address,
+                                 request->length, result);
             reply->status = UCT_USNIC_GET_REPLY_REFUSED;
             data_len      = 0;
             offset        = request->length;
@@ -426,8 +423,7 @@ static ucs_status_t uct_usnic_get_reply_progress(uct_pending_req_t *self)
     uct_usnic_ep_t *ep           = reply->ep;
     ucs_status_t status;
 
-    status = uct_usnic_get_reply_send(uct_usnic_ep_iface(ep), NULL, ep,
-                                      &reply->request);
+    status = uct_usnic_get_reply_send(ep, &reply->request);
     if (status == UCS_OK) {
         ucs_mpool_put_inline(reply);
     }
@@ -455,7 +451,7 @@ void uct_usnic_get_serve(uct_usnic_iface_t *iface,
         return;
     }
 
-    if (uct_usnic_get_reply_send(iface, stream, ep, request) == UCS_OK) {
+    if (uct_usnic_get_reply_send(ep, request) == UCS_OK) {
         return;
     }
 

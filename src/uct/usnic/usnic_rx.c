@@ -339,9 +339,9 @@ uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
     return hdr;
 }
 
-void uct_usnic_rx_refused(uct_usnic_iface_t *iface,
-                          const uct_usnic_rx_stream_t *stream, int write,
-                          uint32_t rkey_id, uint64_t address, uint32_t length,
+void uct_usnic_rx_refused(uct_usnic_iface_t *iface, uint32_t in_addr,
+                          uint16_t port, int write, uint32_t rkey_id,
+                          uint64_t address, uint32_t length,
                           uct_usnic_md_access_result_t result)
 {
     static const uct_usnic_rx_drop_t reasons[2][2] = {
@@ -362,10 +362,8 @@ void uct_usnic_rx_refused(uct_usnic_iface_t *iface,
     ucs_warn("usnic iface %p: refused a remote %s from %s:%u: %s "
              "(key %u, address 0x%" PRIx64 ", %u bytes); %lu more refused "
              "since the previous report", iface, write ? "write" : "read",
-             inet_ntop(AF_INET, &stream->src_in_addr, addr_str,
-                       sizeof(addr_str)),
-             ntohs(stream->src_port),
-             bad_range ? "range outside the registered region" :
+             inet_ntop(AF_INET, &in_addr, addr_str, sizeof(addr_str)),
+             ntohs(port), bad_range ? "range outside the registered region" :
                          "no live registration with that key",
              rkey_id, address, length, iface->put_refused_unlogged);
     iface->put_refused_logged   = now;
@@ -398,8 +396,8 @@ static void uct_usnic_rx_put(uct_usnic_iface_t *iface,
     result      = uct_usnic_md_access(md, &rkey, 1, put->address, put->length,
                                       put->offset, (void*)(put + 1), data_len);
     if (result != UCT_USNIC_MD_ACCESS_OK) {
-        uct_usnic_rx_refused(iface, stream, 1, put->rkey_id, put->address,
-                             put->length, result);
+        uct_usnic_rx_refused(iface, stream->src_in_addr, stream->src_port, 1,
+                             put->rkey_id, put->address, put->length, result);
     }
 }
 

@@ -75,11 +75,12 @@ void uct_usnic_rx_ack_take(uct_usnic_rx_stream_t *stream,
 void uct_usnic_rx_stream_destroy(uct_usnic_iface_t *iface,
                                  uct_usnic_rx_stream_t *stream);
 
-/* A remote write (write != 0) or read was refused: count it, and tell the
- * user at most once a second */
-void uct_usnic_rx_refused(uct_usnic_iface_t *iface,
-                          const uct_usnic_rx_stream_t *stream, int write,
-                          uint32_t rkey_id, uint64_t address, uint32_t length,
+/* A remote write (write != 0) or read from the peer at in_addr:port
+ * (network order) was refused: count it, and tell the user at most once a
+ * second */
+void uct_usnic_rx_refused(uct_usnic_iface_t *iface, uint32_t in_addr,
+                          uint16_t port, int write, uint32_t rkey_id,
+                          uint64_t address, uint32_t length,
                           uct_usnic_md_access_result_t result);
 
 void uct_usnic_am_buf_release(uct_recv_desc_t *self, void *desc);
