@@ -116,16 +116,14 @@ uct_usnic_ep_am_short_get(uct_usnic_ep_t *ep, uint8_t id, size_t length,
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
 
+    ucs_status_t status;
+
     UCT_CHECK_AM_ID(id);
     UCT_CHECK_LENGTH(length, 0, iface->config.max_payload, "am_short");
 
-    if (ucs_unlikely(ep->status != UCS_OK)) {
-        return ep->status;
-    }
-
-    if (ucs_unlikely(!uct_usnic_ep_can_send(ep, 1))) {
-        UCS_STATS_UPDATE_COUNTER(ep->super.stats, UCT_EP_STAT_NO_RES, 1);
-        return UCS_ERR_NO_RESOURCE;
+    status = uct_usnic_ep_send_check(ep, 1);
+    if (ucs_unlikely(status != UCS_OK)) {
+        return status;
     }
 
     *desc_p = ucs_mpool_get_inline(&iface->tx_mp);
@@ -246,24 +244,6 @@ static void uct_usnic_ep_post_fragments(uct_usnic_ep_t *ep, uint8_t id,
     uct_usnic_iface_leave(iface);
 }
 
-/* The size of a bcopy is known only after packing, so there must be room
- * for the largest one */
-static UCS_F_ALWAYS_INLINE ucs_status_t
-uct_usnic_ep_bcopy_check(uct_usnic_ep_t *ep)
-{
-    if (ucs_unlikely(ep->status != UCS_OK)) {
-        return ep->status;
-    }
-
-    if (ucs_unlikely(!uct_usnic_ep_can_send(
-                ep, uct_usnic_ep_iface(ep)->config.max_bcopy_packets))) {
-        UCS_STATS_UPDATE_COUNTER(ep->super.stats, UCT_EP_STAT_NO_RES, 1);
-        return UCS_ERR_NO_RESOURCE;
-    }
-
-    return UCS_OK;
-}
-
 ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
                               uct_pack_callback_t pack_cb, void *arg,
                               unsigned flags)
@@ -274,7 +254,8 @@ ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
     size_t length;
 
     UCT_CHECK_AM_ID(id);
-    status = uct_usnic_ep_bcopy_check(ep);
+    /* The size is known only after packing: room for the largest */
+    status = uct_usnic_ep_send_check(ep, iface->config.max_bcopy_packets);
     if (ucs_unlikely(status != UCS_OK)) {
         return status;
     }
@@ -314,15 +295,12 @@ ucs_status_t uct_usnic_ep_put_short(uct_ep_h tl_ep, const void *buffer,
     uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_put_ext_t put  = {0};
+    ucs_status_t status;
 
     UCT_CHECK_LENGTH(length, 0, iface->config.put_max_payload, "put_short");
-    if (ucs_unlikely(ep->status != UCS_OK)) {
-        return ep->status;
-    }
-
-    if (ucs_unlikely(!uct_usnic_ep_can_send(ep, 1))) {
-        UCS_STATS_UPDATE_COUNTER(ep->super.stats, UCT_EP_STAT_NO_RES, 1);
-        return UCS_ERR_NO_RESOURCE;
+    status = uct_usnic_ep_send_check(ep, 1);
+    if (ucs_unlikely(status != UCS_OK)) {
+        return status;
     }
 
     uct_usnic_ep_put_ext_init(&put, length, remote_addr, rkey);
@@ -343,7 +321,8 @@ ssize_t uct_usnic_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb,
     ucs_status_t status;
     size_t length;
 
-    status = uct_usnic_ep_bcopy_check(ep);
+    /* The size is known only after packing: room for the largest */
+    status = uct_usnic_ep_send_check(ep, iface->config.max_bcopy_packets);
     if (ucs_unlikely(status != UCS_OK)) {
         return status;
     }

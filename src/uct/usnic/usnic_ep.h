@@ -244,4 +244,21 @@ static UCS_F_ALWAYS_INLINE int uct_usnic_ep_can_send(uct_usnic_ep_t *ep,
            uct_usnic_ep_has_room(ep, num_packets);
 }
 
+/* Whether num_packets new packets may go now: UCS_OK, the ep's failure, or
+ * UCS_ERR_NO_RESOURCE */
+static UCS_F_ALWAYS_INLINE ucs_status_t
+uct_usnic_ep_send_check(uct_usnic_ep_t *ep, unsigned num_packets)
+{
+    if (ucs_unlikely(ep->status != UCS_OK)) {
+        return ep->status;
+    }
+
+    if (ucs_unlikely(!uct_usnic_ep_can_send(ep, num_packets))) {
+        UCS_STATS_UPDATE_COUNTER(ep->super.stats, UCT_EP_STAT_NO_RES, 1);
+        return UCS_ERR_NO_RESOURCE;
+    }
+
+    return UCS_OK;
+}
+
 #endif

@@ -30,17 +30,7 @@ uct_usnic_get_check(uct_usnic_ep_t *ep, size_t length)
 {
     UCT_CHECK_LENGTH(length, 0, uct_usnic_ep_iface(ep)->config.get_max,
                      "get");
-
-    if (ucs_unlikely(ep->status != UCS_OK)) {
-        return ep->status;
-    }
-
-    if (ucs_unlikely(!uct_usnic_ep_can_send(ep, 1))) {
-        UCS_STATS_UPDATE_COUNTER(ep->super.stats, UCT_EP_STAT_NO_RES, 1);
-        return UCS_ERR_NO_RESOURCE;
-    }
-
-    return UCS_OK;
+    return uct_usnic_ep_send_check(ep, 1);
 }
 
 /* Send the request of a read; its data comes back on the target's stream */
