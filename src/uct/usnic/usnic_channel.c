@@ -72,27 +72,49 @@ static unsigned uct_usnic_channel_post_recv(uct_usnic_channel_t *channel,
 }
 
 /*
- * Checksum of a datagram: one multiply-xor round per 8 bytes. Each round is
- * a bijection of the running value, so any one changed word changes the
- * result; the length goes in first, so a cut datagram does not match.
+ * Checksum of a datagram given in pieces: one multiply-xor round per 8
+ * bytes of their concatenation. Each round is a bijection of the running
+ * value, so any one changed word changes the result; the length goes in
+ * first, so a cut datagram does not match.
  */
-static uint32_t uct_usnic_channel_checksum(const void *data, size_t length)
+static uint32_t uct_usnic_channel_checksum_iov(const struct iovec *iov,
+                                               unsigned iovcnt, size_t length)
 {
     uint64_t hash = 0xcbf29ce484222325ull ^ length;
-    size_t offset = 0;
-    uint64_t word;
+    uint64_t word = 0;
+    size_t filled = 0;
+    const uint8_t *data;
+    size_t left, chunk;
+    unsigned i;
 
-    for (; (offset + sizeof(word)) <= length; offset += sizeof(word)) {
-        memcpy(&word, UCS_PTR_BYTE_OFFSET(data, offset), sizeof(word));
-        hash  = (hash ^ word) * 0x100000001b3ull;
-        hash ^= hash >> 29;
+    for (i = 0; i < iovcnt; ++i) {
+        data = iov[i].iov_base;
+        left = iov[i].iov_len;
+        while (left > 0) {
+            chunk = ucs_min(sizeof(word) - filled, left);
+            memcpy(UCS_PTR_BYTE_OFFSET(&word, filled), data, chunk);
+            filled += chunk;
+            data   += chunk;
+            left   -= chunk;
+            if (filled == sizeof(word)) {
+                hash   = (hash ^ word) * 0x100000001b3ull;
+                hash  ^= hash >> 29;
+                word   = 0;
+                filled = 0;
+            }
+        }
     }
 
-    word = 0;
-    memcpy(&word, UCS_PTR_BYTE_OFFSET(data, offset), length - offset);
     hash  = (hash ^ word) * 0x100000001b3ull;
     hash ^= hash >> 32;
     return (uint32_t)hash;
+}
+
+static uint32_t uct_usnic_channel_checksum(const void *data, size_t length)
+{
+    struct iovec iov = {(void*)data, length};
+
+    return uct_usnic_channel_checksum_iov(&iov, 1, length);
 }
 
 void uct_usnic_channel_checksum_put(void *datagram, size_t length)
@@ -101,6 +123,42 @@ void uct_usnic_channel_checksum_put(void *datagram, size_t length)
 
     memcpy(UCS_PTR_BYTE_OFFSET(datagram, length), &checksum,
            sizeof(checksum));
+}
+
+/* Append the checksum of a datagram, leaving out the provider's prefix */
+static void uct_usnic_channel_dgram_checksum_put(uct_usnic_channel_t *channel,
+                                                 uct_usnic_dgram_t *dgram)
+{
+    struct iovec iov[UCT_USNIC_DGRAM_MAX_IOV];
+    struct iovec *last = &dgram->iov[dgram->iovcnt - 1];
+    uint32_t checksum;
+
+    memcpy(iov, dgram->iov, sizeof(*iov) * dgram->iovcnt);
+    iov[0].iov_base = UCS_PTR_BYTE_OFFSET(iov[0].iov_base,
+                                          channel->prefix_size);
+    iov[0].iov_len -= channel->prefix_size;
+    checksum        = uct_usnic_channel_checksum_iov(
+            iov, dgram->iovcnt, dgram->length - channel->prefix_size);
+
+    memcpy(UCS_PTR_BYTE_OFFSET(last->iov_base, last->iov_len), &checksum,
+           sizeof(checksum));
+    last->iov_len += sizeof(checksum);
+    dgram->length += sizeof(checksum);
+}
+
+void *uct_usnic_channel_gather(uct_usnic_channel_t *channel,
+                               const uct_usnic_dgram_t *dgram)
+{
+    size_t offset = 0;
+    unsigned i;
+
+    for (i = 0; i < dgram->iovcnt; ++i) {
+        memcpy(UCS_PTR_BYTE_OFFSET(channel->gather_buf, offset),
+               dgram->iov[i].iov_base, dgram->iov[i].iov_len);
+        offset += dgram->iov[i].iov_len;
+    }
+
+    return channel->gather_buf;
 }
 
 /* Whether a received datagram is whole; sets the length without checksum */
@@ -238,16 +296,20 @@ static ssize_t uct_usnic_channel_fi_send(uct_usnic_channel_t *channel,
     return fi_inject(channel->ep, buffer, length, dest);
 }
 
+/* fi_inject copies the datagram: one in pieces is gathered first */
 static unsigned
 uct_usnic_channel_fi_send_burst(uct_usnic_channel_t *channel,
-                                const struct iovec *dgrams, unsigned count,
-                                fi_addr_t dest)
+                                const uct_usnic_dgram_t *dgrams,
+                                unsigned count, fi_addr_t dest)
 {
+    const void *buffer;
     unsigned sent;
 
     for (sent = 0; sent < count; ++sent) {
-        if (fi_inject(channel->ep, dgrams[sent].iov_base,
-                      dgrams[sent].iov_len, dest) != 0) {
+        buffer = (dgrams[sent].iovcnt == 1) ?
+                 dgrams[sent].iov[0].iov_base :
+                 uct_usnic_channel_gather(channel, &dgrams[sent]);
+        if (fi_inject(channel->ep, buffer, dgrams[sent].length, dest) != 0) {
             break;
         }
     }
@@ -299,18 +361,14 @@ static const uct_usnic_channel_ops_t uct_usnic_channel_fi_ops = {
 };
 
 unsigned uct_usnic_channel_send_burst(uct_usnic_channel_t *channel,
-                                      struct iovec *dgrams, unsigned count,
-                                      fi_addr_t dest)
+                                      uct_usnic_dgram_t *dgrams,
+                                      unsigned count, fi_addr_t dest)
 {
-    size_t prefix = channel->prefix_size;
     unsigned i;
 
     if (channel->checksum) {
         for (i = 0; i < count; ++i) {
-            uct_usnic_channel_checksum_put(
-                    UCS_PTR_BYTE_OFFSET(dgrams[i].iov_base, prefix),
-                    dgrams[i].iov_len - prefix);
-            dgrams[i].iov_len += UCT_USNIC_CHECKSUM_LEN;
+            uct_usnic_channel_dgram_checksum_put(channel, &dgrams[i]);
         }
     }
 
@@ -319,8 +377,9 @@ unsigned uct_usnic_channel_send_burst(uct_usnic_channel_t *channel,
     }
 
     for (i = 0; i < count; ++i) {
-        if (uct_usnic_fault_send(channel, dgrams[i].iov_base,
-                                 dgrams[i].iov_len, dest) != 0) {
+        if (uct_usnic_fault_send(channel,
+                                 uct_usnic_channel_gather(channel, &dgrams[i]),
+                                 dgrams[i].length, dest) != 0) {
             break;
         }
     }
@@ -540,6 +599,14 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                             channel->prefix_size;
     ucs_list_head_init(&channel->rx_posted_list);
 
+    channel->gather_buf = ucs_malloc(channel->prefix_size +
+                                     channel->max_msg_size,
+                                     "usnic_gather_buf");
+    if (channel->gather_buf == NULL) {
+        ucs_error("%s: failed to allocate the gather buffer", channel->name);
+        return UCS_ERR_NO_MEMORY;
+    }
+
     if (params->am_params != NULL) {
         status = uct_iface_param_am_alignment(params->am_params,
                                               channel->max_msg_size,
@@ -548,7 +615,7 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                                               params->am_offset,
                                               &align, &align_offset);
         if (status != UCS_OK) {
-            return status;
+            goto err_free_gather;
         }
     } else {
         align        = UCS_SYS_CACHE_LINE_SIZE;
@@ -565,7 +632,7 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                                            params->wakeup);
     }
     if (status != UCS_OK) {
-        return status;
+        goto err_free_gather;
     }
 
     status = uct_usnic_md_mpool_init(md, &channel->rx_mp,
@@ -607,6 +674,8 @@ err_cleanup:
     return status;
 err_close_ep:
     channel->ops->cleanup(channel);
+err_free_gather:
+    ucs_free(channel->gather_buf);
     return status;
 }
 
@@ -620,6 +689,7 @@ void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel)
 
     channel->ops->cleanup(channel);
     ucs_mpool_cleanup(&channel->rx_mp, 1);
+    ucs_free(channel->gather_buf);
 }
 
 ucs_status_t uct_usnic_av_open(uct_usnic_av_t *av, uct_usnic_md_t *md)

@@ -23,6 +23,24 @@
 typedef struct uct_usnic_channel uct_usnic_channel_t;
 
 
+/* Most pieces of one datagram: its header in a send buffer, up to
+ * UCT_USNIC_ZCOPY_MAX_IOV pieces of user memory, its trailers */
+#define UCT_USNIC_ZCOPY_MAX_IOV 4ul
+#define UCT_USNIC_DGRAM_MAX_IOV (UCT_USNIC_ZCOPY_MAX_IOV + 2)
+
+
+/**
+ * A datagram to send, gathered from pieces. The first starts with the
+ * provider's prefix room; the last lies in a send buffer with room for a
+ * checksum behind it.
+ */
+typedef struct uct_usnic_dgram {
+    size_t       length;  /* Sum of the pieces */
+    unsigned     iovcnt;
+    struct iovec iov[UCT_USNIC_DGRAM_MAX_IOV];
+} uct_usnic_dgram_t;
+
+
 /**
  * Peers' addresses, shared by the channels of an iface. A fi_addr_t names
  * an entry: libfabric's address vector, or on the kernel provider an index
@@ -47,7 +65,7 @@ typedef struct uct_usnic_channel_ops {
                      size_t length, fi_addr_t dest);
     /* Send datagrams to one peer, in order; returns how many went */
     unsigned (*send_burst)(uct_usnic_channel_t *channel,
-                           const struct iovec *dgrams, unsigned count,
+                           const uct_usnic_dgram_t *dgrams, unsigned count,
                            fi_addr_t dest);
     /* Take up to max_events received datagrams */
     unsigned (*progress)(uct_usnic_channel_t *channel, unsigned max_events);
@@ -151,6 +169,8 @@ struct uct_usnic_channel {
     struct sockaddr_in        addr;         /* Bound address and port */
     int                       wait_fd;      /* Readable on a completion, or
                                                -1 without a wakeup */
+    void                      *gather_buf;  /* A datagram in one piece, for
+                                               whoever needs it so */
     const char                *name;
 };
 
@@ -177,6 +197,11 @@ void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel);
 
 
 void uct_usnic_channel_checksum_put(void *datagram, size_t length);
+
+
+/* Copy a datagram's pieces into the channel's gather buffer */
+void *uct_usnic_channel_gather(uct_usnic_channel_t *channel,
+                               const uct_usnic_dgram_t *dgram);
 
 
 /* Hand a received datagram, lying in desc's data area, to the user */
@@ -233,12 +258,12 @@ uct_usnic_channel_send(uct_usnic_channel_t *channel, void *buffer,
 
 /*
  * Send datagrams to one peer, in order, as few system calls as the provider
- * allows. Each iovec is a datagram laid out as for uct_usnic_channel_send;
- * its length grows by the checksum. Returns how many were sent.
+ * allows; a datagram's last piece grows by the checksum. Returns how many
+ * were sent.
  */
 unsigned uct_usnic_channel_send_burst(uct_usnic_channel_t *channel,
-                                      struct iovec *dgrams, unsigned count,
-                                      fi_addr_t dest);
+                                      uct_usnic_dgram_t *dgrams,
+                                      unsigned count, fi_addr_t dest);
 
 
 /*

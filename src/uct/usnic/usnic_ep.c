@@ -194,27 +194,55 @@ ucs_status_t uct_usnic_ep_am_short_iov(uct_ep_h tl_ep, uint8_t id,
 }
 
 /*
- * Cut a packed message into datagrams; the window has room for them all. A
- * remote write (put != NULL) repeats its extension in every datagram.
+ * A message to cut into datagrams: header bytes (am_zcopy's) copied into
+ * the first, then the data, copied from data, or with iov != NULL sent from
+ * the user's memory and completed (comp) once acknowledged. A remote write
+ * (put != NULL) repeats its extension in every datagram.
  */
-static void uct_usnic_ep_post_fragments(uct_usnic_ep_t *ep, uint8_t id,
-                                        uct_usnic_put_ext_t *put,
-                                        const void *data, size_t length)
+typedef struct uct_usnic_ep_msg {
+    uint8_t             am_id;
+    uct_usnic_put_ext_t *put;
+    const void          *header;
+    size_t              header_length;
+    const void          *data;
+    const uct_iov_t     *iov;
+    size_t              iovcnt;
+    size_t              length;        /* Of the data */
+    uct_completion_t    *comp;
+} uct_usnic_ep_msg_t;
+
+
+/* Datagrams a message of length bytes (header included) takes */
+static UCS_F_ALWAYS_INLINE unsigned
+uct_usnic_ep_msg_packets(size_t length, size_t max_frag)
+{
+    return ucs_max(ucs_div_round_up(length, max_frag), 1);
+}
+
+/* Post a message; the window has room for all its datagrams */
+static void uct_usnic_ep_post_msg(uct_usnic_ep_t *ep,
+                                  const uct_usnic_ep_msg_t *msg)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uint8_t flags            = UCT_USNIC_PKT_FLAG_FIRST;
+    uct_usnic_put_ext_t *put = msg->put;
     size_t ext_len           = (put == NULL) ? 0 : sizeof(*put);
     size_t max_frag          = (put == NULL) ? iface->config.max_payload :
                                                iface->config.put_max_payload;
+    uint8_t type             = (put == NULL) ? UCT_USNIC_PKT_AM :
+                                               UCT_USNIC_PKT_PUT;
+    size_t total             = msg->header_length + msg->length;
     size_t offset            = 0;
     uct_usnic_tx_desc_t *desc, *first = NULL;
-    size_t frag_len;
+    size_t frag_len, hdr_len, iovcnt;
+    ucs_iov_iter_t iov_iter;
     void *body;
 
+    ucs_iov_iter_init(&iov_iter);
     uct_usnic_iface_enter(iface);
     do {
-        frag_len = ucs_min(length - offset, max_frag);
-        if ((offset + frag_len) == length) {
+        frag_len = ucs_min(total - offset, max_frag);
+        if ((offset + frag_len) == total) {
             flags |= UCT_USNIC_PKT_FLAG_LAST;
         }
 
@@ -224,20 +252,39 @@ static void uct_usnic_ep_post_fragments(uct_usnic_ep_t *ep, uint8_t id,
         if (put != NULL) {
             put->offset = offset;
             memcpy(body, put, ext_len);
+            body = UCS_PTR_BYTE_OFFSET(body, ext_len);
         }
-        memcpy(UCS_PTR_BYTE_OFFSET(body, ext_len),
-               UCS_PTR_BYTE_OFFSET(data, offset), frag_len);
-        uct_usnic_tx_queue(ep, desc,
-                           (put == NULL) ? UCT_USNIC_PKT_AM :
-                                           UCT_USNIC_PKT_PUT,
-                           id, flags, ext_len + frag_len);
+
+        hdr_len = (offset < msg->header_length) ?
+                  ucs_min(msg->header_length - offset, frag_len) : 0;
+        memcpy(body, UCS_PTR_BYTE_OFFSET(msg->header, offset), hdr_len);
+        if (msg->iov == NULL) {
+            memcpy(UCS_PTR_BYTE_OFFSET(body, hdr_len),
+                   UCS_PTR_BYTE_OFFSET(msg->data,
+                                       offset + hdr_len - msg->header_length),
+                   frag_len - hdr_len);
+            uct_usnic_tx_queue(ep, desc, type, msg->am_id, flags,
+                               ext_len + frag_len);
+        } else {
+            iovcnt             = UCT_USNIC_ZCOPY_MAX_IOV;
+            desc->zcopy.length = uct_iov_to_iovec(desc->zcopy.iov, &iovcnt,
+                                                  msg->iov, msg->iovcnt,
+                                                  frag_len - hdr_len,
+                                                  &iov_iter);
+            desc->zcopy.iovcnt = iovcnt;
+            desc->zcopy.comp   = (flags & UCT_USNIC_PKT_FLAG_LAST) ?
+                                 msg->comp : NULL;
+            uct_usnic_tx_queue_zcopy(ep, desc, type, msg->am_id, flags,
+                                     ext_len + hdr_len);
+        }
+
         if (first == NULL) {
             first = desc;
         }
 
         offset += frag_len;
         flags   = 0;
-    } while (offset < length);
+    } while (offset < total);
 
     /* The whole message at once: one system call where the provider can */
     uct_usnic_tx_send_queued(ep, first);
@@ -250,8 +297,8 @@ ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
 {
     uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uct_usnic_ep_msg_t msg   = {.am_id = id, .data = iface->bcopy_buf};
     ucs_status_t status;
-    size_t length;
 
     UCT_CHECK_AM_ID(id);
     /* The size is known only after packing: room for the largest */
@@ -260,15 +307,57 @@ ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
         return status;
     }
 
-    length = pack_cb(iface->bcopy_buf, arg);
-    ucs_assertv(length <= iface->config.max_bcopy, "length=%zu max_bcopy=%zu",
-                length, iface->config.max_bcopy);
+    msg.length = pack_cb(iface->bcopy_buf, arg);
+    ucs_assertv(msg.length <= iface->config.max_bcopy,
+                "length=%zu max_bcopy=%zu", msg.length,
+                iface->config.max_bcopy);
 
     uct_iface_trace_am(&iface->super, UCT_AM_TRACE_TYPE_SEND, id,
-                       iface->bcopy_buf, length, "TX: AM_BCOPY");
-    UCT_TL_EP_STAT_OP(&ep->super, AM, BCOPY, length);
-    uct_usnic_ep_post_fragments(ep, id, NULL, iface->bcopy_buf, length);
-    return length;
+                       iface->bcopy_buf, msg.length, "TX: AM_BCOPY");
+    UCT_TL_EP_STAT_OP(&ep->super, AM, BCOPY, msg.length);
+    uct_usnic_ep_post_msg(ep, &msg);
+    return msg.length;
+}
+
+/* Completes when the peer has every datagram: until then the user's memory
+ * is read again for a retransmission */
+ucs_status_t uct_usnic_ep_am_zcopy(uct_ep_h tl_ep, uint8_t id,
+                                   const void *header, unsigned header_length,
+                                   const uct_iov_t *iov, size_t iovcnt,
+                                   unsigned flags, uct_completion_t *comp)
+{
+    uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uct_usnic_ep_msg_t msg   = {
+        .am_id         = id,
+        .header        = header,
+        .header_length = header_length,
+        .iov           = iov,
+        .iovcnt        = iovcnt,
+        .length        = uct_iov_total_length(iov, iovcnt),
+        .comp          = comp
+    };
+    ucs_status_t status;
+
+    UCT_CHECK_AM_ID(id);
+    UCT_CHECK_IOV_SIZE(iovcnt, UCT_USNIC_ZCOPY_MAX_IOV,
+                       "uct_usnic_ep_am_zcopy");
+    UCT_CHECK_LENGTH(header_length, 0, UCT_USNIC_AM_ZCOPY_MAX_HDR,
+                     "am_zcopy header");
+    UCT_CHECK_LENGTH(header_length + msg.length, 0, iface->config.max_bcopy,
+                     "am_zcopy");
+    status = uct_usnic_ep_send_check(
+            ep, uct_usnic_ep_msg_packets(header_length + msg.length,
+                                         iface->config.max_payload));
+    if (ucs_unlikely(status != UCS_OK)) {
+        return status;
+    }
+
+    uct_iface_trace_am(&iface->super, UCT_AM_TRACE_TYPE_SEND, id, header,
+                       header_length, "TX: AM_ZCOPY");
+    UCT_TL_EP_STAT_OP(&ep->super, AM, ZCOPY, header_length + msg.length);
+    uct_usnic_ep_post_msg(ep, &msg);
+    return UCS_INPROGRESS;
 }
 
 /* What every datagram of a write tells the target */
@@ -295,6 +384,7 @@ ucs_status_t uct_usnic_ep_put_short(uct_ep_h tl_ep, const void *buffer,
     uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_put_ext_t put  = {0};
+    uct_usnic_ep_msg_t msg   = {.put = &put, .data = buffer, .length = length};
     ucs_status_t status;
 
     UCT_CHECK_LENGTH(length, 0, iface->config.put_max_payload, "put_short");
@@ -305,7 +395,7 @@ ucs_status_t uct_usnic_ep_put_short(uct_ep_h tl_ep, const void *buffer,
 
     uct_usnic_ep_put_ext_init(&put, length, remote_addr, rkey);
     UCT_TL_EP_STAT_OP(&ep->super, PUT, SHORT, length);
-    uct_usnic_ep_post_fragments(ep, 0, &put, buffer, length);
+    uct_usnic_ep_post_msg(ep, &msg);
     return UCS_OK;
 }
 
@@ -318,8 +408,8 @@ ssize_t uct_usnic_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb,
     uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_put_ext_t put  = {0};
+    uct_usnic_ep_msg_t msg   = {.put = &put, .data = iface->bcopy_buf};
     ucs_status_t status;
-    size_t length;
 
     /* The size is known only after packing: room for the largest */
     status = uct_usnic_ep_send_check(ep, iface->config.max_bcopy_packets);
@@ -327,17 +417,52 @@ ssize_t uct_usnic_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb,
         return status;
     }
 
-    length = pack_cb(iface->bcopy_buf, arg);
-    ucs_assertv(length <= iface->config.put_max_bcopy,
-                "length=%zu put_max_bcopy=%zu", length,
+    msg.length = pack_cb(iface->bcopy_buf, arg);
+    ucs_assertv(msg.length <= iface->config.put_max_bcopy,
+                "length=%zu put_max_bcopy=%zu", msg.length,
                 iface->config.put_max_bcopy);
 
-    uct_usnic_ep_put_ext_init(&put, length, remote_addr, rkey);
+    uct_usnic_ep_put_ext_init(&put, msg.length, remote_addr, rkey);
     ucs_trace_data("ep %p: put_bcopy %zu bytes to 0x%" PRIx64 " key %u", ep,
-                   length, remote_addr, put.rkey_id);
-    UCT_TL_EP_STAT_OP(&ep->super, PUT, BCOPY, length);
-    uct_usnic_ep_post_fragments(ep, 0, &put, iface->bcopy_buf, length);
-    return length;
+                   msg.length, remote_addr, put.rkey_id);
+    UCT_TL_EP_STAT_OP(&ep->super, PUT, BCOPY, msg.length);
+    uct_usnic_ep_post_msg(ep, &msg);
+    return msg.length;
+}
+
+/* Completes when the target has applied every datagram */
+ucs_status_t uct_usnic_ep_put_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov,
+                                    size_t iovcnt, uint64_t remote_addr,
+                                    uct_rkey_t rkey, uct_completion_t *comp)
+{
+    uct_usnic_ep_t *ep       = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uct_usnic_put_ext_t put  = {0};
+    uct_usnic_ep_msg_t msg   = {
+        .put    = &put,
+        .iov    = iov,
+        .iovcnt = iovcnt,
+        .length = uct_iov_total_length(iov, iovcnt),
+        .comp   = comp
+    };
+    ucs_status_t status;
+
+    UCT_CHECK_IOV_SIZE(iovcnt, UCT_USNIC_ZCOPY_MAX_IOV,
+                       "uct_usnic_ep_put_zcopy");
+    UCT_CHECK_LENGTH(msg.length, 0, iface->config.put_max_bcopy, "put_zcopy");
+    status = uct_usnic_ep_send_check(
+            ep, uct_usnic_ep_msg_packets(msg.length,
+                                         iface->config.put_max_payload));
+    if (ucs_unlikely(status != UCS_OK)) {
+        return status;
+    }
+
+    uct_usnic_ep_put_ext_init(&put, msg.length, remote_addr, rkey);
+    ucs_trace_data("ep %p: put_zcopy %zu bytes to 0x%" PRIx64 " key %u", ep,
+                   msg.length, remote_addr, put.rkey_id);
+    UCT_TL_EP_STAT_OP(&ep->super, PUT, ZCOPY, msg.length);
+    uct_usnic_ep_post_msg(ep, &msg);
+    return UCS_INPROGRESS;
 }
 
 ucs_status_t uct_usnic_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req,

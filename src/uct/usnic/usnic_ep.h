@@ -21,6 +21,19 @@ enum {
 
 
 /**
+ * User memory a zero-copy datagram carries between its header and its
+ * trailers; every (re)transmission reads it from there.
+ */
+typedef struct uct_usnic_tx_zcopy {
+    uct_completion_t  *comp;     /* The message's, on its last datagram */
+    uint16_t          head;      /* Datagram bytes in front of the user's */
+    uint16_t          length;    /* User's bytes */
+    uint8_t           iovcnt;    /* 0: the whole datagram is in the buffer */
+    struct iovec      iov[UCT_USNIC_ZCOPY_MAX_IOV];
+} uct_usnic_tx_zcopy_t;
+
+
+/**
  * A datagram kept until the peer acknowledges it.
  */
 typedef struct uct_usnic_tx_desc {
@@ -30,7 +43,8 @@ typedef struct uct_usnic_tx_desc {
     uint16_t          length;    /* Datagram bytes */
     uint8_t           flags;     /* UCT_USNIC_TX_DESC_FLAG_xx */
     uint8_t           resends;
-    /* uct_usnic_hdr_t and the rest of the datagram follow */
+    uct_usnic_tx_zcopy_t zcopy;
+    /* uct_usnic_hdr_t and the rest of the datagram in the buffer follow */
 } uct_usnic_tx_desc_t;
 
 
@@ -104,6 +118,11 @@ ssize_t uct_usnic_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id,
                               uct_pack_callback_t pack_cb, void *arg,
                               unsigned flags);
 
+ucs_status_t uct_usnic_ep_am_zcopy(uct_ep_h tl_ep, uint8_t id,
+                                   const void *header, unsigned header_length,
+                                   const uct_iov_t *iov, size_t iovcnt,
+                                   unsigned flags, uct_completion_t *comp);
+
 ucs_status_t uct_usnic_ep_check(uct_ep_h tl_ep, unsigned flags,
                                 uct_completion_t *comp);
 
@@ -123,6 +142,10 @@ ucs_status_t uct_usnic_ep_put_short(uct_ep_h tl_ep, const void *buffer,
 ssize_t uct_usnic_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb,
                                void *arg, uint64_t remote_addr,
                                uct_rkey_t rkey);
+
+ucs_status_t uct_usnic_ep_put_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov,
+                                    size_t iovcnt, uint64_t remote_addr,
+                                    uct_rkey_t rkey, uct_completion_t *comp);
 
 ucs_status_t uct_usnic_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req,
                                       unsigned flags);
@@ -145,10 +168,22 @@ ucs_arbiter_cb_result_t uct_usnic_ep_do_pending(ucs_arbiter_t *arbiter,
 /* Send engine (usnic_tx.c) */
 
 /* Put one datagram of a message in the window, to be sent by
- * uct_usnic_tx_send_queued(); the caller has entered the iface */
-void uct_usnic_tx_queue(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
-                        uint8_t type, uint8_t am_id, uint8_t flags,
-                        size_t body_length);
+ * uct_usnic_tx_send_queued(); the caller has entered the iface. Its body is
+ * body_length bytes in the buffer, then desc->zcopy's user memory. */
+void uct_usnic_tx_queue_zcopy(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
+                              uint8_t type, uint8_t am_id, uint8_t flags,
+                              size_t body_length);
+
+/* The same for a datagram whose body is all in the buffer */
+static UCS_F_ALWAYS_INLINE void
+uct_usnic_tx_queue(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc, uint8_t type,
+                   uint8_t am_id, uint8_t flags, size_t body_length)
+{
+    desc->zcopy.iovcnt = 0;
+    desc->zcopy.length = 0;
+    desc->zcopy.comp   = NULL;
+    uct_usnic_tx_queue_zcopy(ep, desc, type, am_id, flags, body_length);
+}
 
 /* Send the datagrams queued since first, as one burst */
 void uct_usnic_tx_send_queued(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first);

@@ -351,8 +351,10 @@ static ucs_status_t uct_usnic_iface_query(uct_iface_h tl_iface,
 
     iface_attr->cap.flags          = UCT_IFACE_FLAG_AM_SHORT |
                                      UCT_IFACE_FLAG_AM_BCOPY |
+                                     UCT_IFACE_FLAG_AM_ZCOPY |
                                      UCT_IFACE_FLAG_PUT_SHORT |
                                      UCT_IFACE_FLAG_PUT_BCOPY |
+                                     UCT_IFACE_FLAG_PUT_ZCOPY |
                                      UCT_IFACE_FLAG_GET_BCOPY |
                                      UCT_IFACE_FLAG_GET_ZCOPY |
                                      UCT_IFACE_FLAG_PENDING |
@@ -368,10 +370,19 @@ static ucs_status_t uct_usnic_iface_query(uct_iface_h tl_iface,
     }
     iface_attr->cap.am.max_short   = iface->config.max_payload;
     iface_attr->cap.am.max_bcopy   = iface->config.max_bcopy;
-    iface_attr->cap.am.max_iov     = UCT_USNIC_MAX_IOV;
-    iface_attr->cap.am.max_hdr     = 0;
+    iface_attr->cap.am.min_zcopy   = 0;
+    iface_attr->cap.am.max_zcopy   = iface->config.max_bcopy;
+    iface_attr->cap.am.opt_zcopy_align = 1;
+    iface_attr->cap.am.align_mtu   = 1;
+    iface_attr->cap.am.max_iov     = UCT_USNIC_ZCOPY_MAX_IOV;
+    iface_attr->cap.am.max_hdr     = UCT_USNIC_AM_ZCOPY_MAX_HDR;
     iface_attr->cap.put.max_short  = iface->config.put_max_payload;
     iface_attr->cap.put.max_bcopy  = iface->config.put_max_bcopy;
+    iface_attr->cap.put.min_zcopy  = 0;
+    iface_attr->cap.put.max_zcopy  = iface->config.put_max_bcopy;
+    iface_attr->cap.put.opt_zcopy_align = 1;
+    iface_attr->cap.put.align_mtu  = 1;
+    iface_attr->cap.put.max_iov    = UCT_USNIC_ZCOPY_MAX_IOV;
     iface_attr->cap.get.max_bcopy  = iface->config.get_max;
     iface_attr->cap.get.min_zcopy  = 0;
     iface_attr->cap.get.max_zcopy  = iface->config.get_max;
@@ -1013,8 +1024,10 @@ static uct_iface_ops_t uct_usnic_iface_ops = {
     .ep_am_short              = uct_usnic_ep_am_short,
     .ep_am_short_iov          = uct_usnic_ep_am_short_iov,
     .ep_am_bcopy              = uct_usnic_ep_am_bcopy,
+    .ep_am_zcopy              = uct_usnic_ep_am_zcopy,
     .ep_put_short             = uct_usnic_ep_put_short,
     .ep_put_bcopy             = uct_usnic_ep_put_bcopy,
+    .ep_put_zcopy             = uct_usnic_ep_put_zcopy,
     .ep_get_bcopy             = uct_usnic_ep_get_bcopy,
     .ep_get_zcopy             = uct_usnic_ep_get_zcopy,
     .ep_pending_add           = uct_usnic_ep_pending_add,

@@ -30,6 +30,9 @@
 /* Most iov entries am_short_iov gathers into one datagram */
 #define UCT_USNIC_MAX_IOV        16ul
 
+/* Largest am_zcopy header, copied into the message's first datagrams */
+#define UCT_USNIC_AM_ZCOPY_MAX_HDR 128
+
 
 /* The two channels of an iface */
 typedef enum {

@@ -92,21 +92,21 @@ static ssize_t uct_usnic_sock_send(uct_usnic_channel_t *channel,
 
 /* How many datagrams from the first one the kernel can segment as one send:
  * all of the first one's size, but for a shorter last one */
-static unsigned uct_usnic_sock_gso_run(const struct iovec *dgrams,
+static unsigned uct_usnic_sock_gso_run(const uct_usnic_dgram_t *dgrams,
                                        unsigned count)
 {
-    size_t seg_size = dgrams[0].iov_len;
+    size_t seg_size = dgrams[0].length;
     size_t total    = seg_size;
     unsigned n;
 
     for (n = 1; n < ucs_min(count, UCT_USNIC_SOCK_GSO_MAX_SEGS); ++n) {
-        if ((dgrams[n].iov_len > seg_size) ||
-            ((total + dgrams[n].iov_len) > UCT_USNIC_SOCK_GSO_MAX_BYTES)) {
+        if ((dgrams[n].length > seg_size) ||
+            ((total + dgrams[n].length) > UCT_USNIC_SOCK_GSO_MAX_BYTES)) {
             break;
         }
 
-        total += dgrams[n].iov_len;
-        if (dgrams[n].iov_len < seg_size) {
+        total += dgrams[n].length;
+        if (dgrams[n].length < seg_size) {
             return n + 1;
         }
     }
@@ -114,22 +114,31 @@ static unsigned uct_usnic_sock_gso_run(const struct iovec *dgrams,
     return n;
 }
 
+/* The kernel cuts the concatenated pieces every segment size bytes */
 static ssize_t uct_usnic_sock_send_gso(uct_usnic_channel_t *channel,
-                                       const struct iovec *dgrams,
+                                       const uct_usnic_dgram_t *dgrams,
                                        unsigned count,
                                        const struct sockaddr_in *addr)
 {
+    struct iovec iov[UCT_USNIC_SOCK_GSO_MAX_SEGS * UCT_USNIC_DGRAM_MAX_IOV];
     char control[CMSG_SPACE(sizeof(uint16_t))] = {0};
     struct msghdr msg                          = {
         .msg_name       = (void*)addr,
         .msg_namelen    = sizeof(*addr),
-        .msg_iov        = (struct iovec*)dgrams,
-        .msg_iovlen     = count,
+        .msg_iov        = iov,
+        .msg_iovlen     = 0,
         .msg_control    = control,
         .msg_controllen = sizeof(control)
     };
     struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    uint16_t seg_size    = dgrams[0].iov_len;
+    uint16_t seg_size    = dgrams[0].length;
+    unsigned i;
+
+    for (i = 0; i < count; ++i) {
+        memcpy(&iov[msg.msg_iovlen], dgrams[i].iov,
+               sizeof(*iov) * dgrams[i].iovcnt);
+        msg.msg_iovlen += dgrams[i].iovcnt;
+    }
 
     cmsg->cmsg_level = SOL_UDP;
     cmsg->cmsg_type  = UDP_SEGMENT;
@@ -141,7 +150,7 @@ static ssize_t uct_usnic_sock_send_gso(uct_usnic_channel_t *channel,
 }
 
 static unsigned uct_usnic_sock_send_mmsg(uct_usnic_channel_t *channel,
-                                         const struct iovec *dgrams,
+                                         const uct_usnic_dgram_t *dgrams,
                                          unsigned count,
                                          const struct sockaddr_in *addr)
 {
@@ -154,8 +163,8 @@ static unsigned uct_usnic_sock_send_mmsg(uct_usnic_channel_t *channel,
     for (i = 0; i < count; ++i) {
         msgs[i].msg_hdr.msg_name    = (void*)addr;
         msgs[i].msg_hdr.msg_namelen = sizeof(*addr);
-        msgs[i].msg_hdr.msg_iov     = (struct iovec*)&dgrams[i];
-        msgs[i].msg_hdr.msg_iovlen  = 1;
+        msgs[i].msg_hdr.msg_iov     = (struct iovec*)dgrams[i].iov;
+        msgs[i].msg_hdr.msg_iovlen  = dgrams[i].iovcnt;
     }
 
     ret = sendmmsg(channel->sock.fd, msgs, count, MSG_DONTWAIT);
@@ -163,7 +172,7 @@ static unsigned uct_usnic_sock_send_mmsg(uct_usnic_channel_t *channel,
 }
 
 static unsigned uct_usnic_sock_send_burst(uct_usnic_channel_t *channel,
-                                          const struct iovec *dgrams,
+                                          const uct_usnic_dgram_t *dgrams,
                                           unsigned count, fi_addr_t dest)
 {
     const struct sockaddr_in *addr = &channel->av->addrs[dest];

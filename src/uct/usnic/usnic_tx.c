@@ -25,6 +25,40 @@ uct_usnic_tx_desc_dgram(uct_usnic_iface_t *iface, uct_usnic_tx_desc_t *desc)
                                         .prefix_size);
 }
 
+/* Where desc's trailers go: behind what of the datagram is in the buffer */
+static UCS_F_ALWAYS_INLINE void *
+uct_usnic_tx_desc_tail(uct_usnic_iface_t *iface, uct_usnic_tx_desc_t *desc)
+{
+    return UCS_PTR_BYTE_OFFSET(uct_usnic_tx_desc_hdr(iface, desc),
+                               desc->length - desc->zcopy.length);
+}
+
+/* The pieces of desc's datagram: the buffer, or with user memory, the
+ * buffer's header, the user's pieces, and the buffer's trailers */
+static void uct_usnic_tx_desc_pieces(uct_usnic_iface_t *iface,
+                                     uct_usnic_tx_desc_t *desc,
+                                     uct_usnic_dgram_t *dgram)
+{
+    size_t prefix = iface->channels[UCT_USNIC_CHANNEL_DATA].prefix_size;
+    unsigned n    = desc->zcopy.iovcnt;
+
+    dgram->iov[0].iov_base = uct_usnic_tx_desc_dgram(iface, desc);
+    dgram->length          = prefix + desc->length;
+    if (ucs_likely(n == 0)) {
+        dgram->iov[0].iov_len = dgram->length;
+        dgram->iovcnt         = 1;
+        return;
+    }
+
+    dgram->iov[0].iov_len     = prefix + desc->zcopy.head;
+    memcpy(&dgram->iov[1], desc->zcopy.iov, sizeof(*dgram->iov) * n);
+    dgram->iov[n + 1].iov_base = UCS_PTR_BYTE_OFFSET(
+            uct_usnic_tx_desc_hdr(iface, desc), desc->zcopy.head);
+    dgram->iov[n + 1].iov_len  = desc->length - desc->zcopy.head -
+                                 desc->zcopy.length;
+    dgram->iovcnt              = n + 2;
+}
+
 static UCS_F_ALWAYS_INLINE void
 uct_usnic_tx_sent(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
                   ucs_time_t now)
@@ -53,10 +87,20 @@ static void uct_usnic_tx_send(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
                               uct_usnic_tx_desc_t *desc, ucs_time_t now)
 {
     uct_usnic_channel_t *channel = &iface->channels[UCT_USNIC_CHANNEL_DATA];
+    uct_usnic_dgram_t dgram;
     ssize_t ret;
 
-    ret = uct_usnic_channel_send(channel, uct_usnic_tx_desc_dgram(iface, desc),
-                                 desc->length, ep->peer_fi_addr);
+    if (ucs_likely(desc->zcopy.iovcnt == 0)) {
+        ret = uct_usnic_channel_send(channel,
+                                     uct_usnic_tx_desc_dgram(iface, desc),
+                                     desc->length, ep->peer_fi_addr);
+    } else {
+        uct_usnic_tx_desc_pieces(iface, desc, &dgram);
+        ret = (uct_usnic_channel_send_burst(channel, &dgram, 1,
+                                            ep->peer_fi_addr) == 1) ?
+              0 : -FI_EAGAIN;
+    }
+
     if (ucs_likely(ret == 0)) {
         uct_usnic_tx_sent(ep, desc, now);
         return;
@@ -83,7 +127,7 @@ void uct_usnic_tx_send_queued(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first)
     uct_usnic_channel_t *channel = &iface->channels[UCT_USNIC_CHANNEL_DATA];
     ucs_time_t now               = ucs_get_time();
     uct_usnic_tx_desc_t *desc    = uct_usnic_tx_desc_next(ep, first);
-    struct iovec dgrams[UCT_USNIC_CHANNEL_MAX_BURST];
+    uct_usnic_dgram_t dgrams[UCT_USNIC_CHANNEL_MAX_BURST];
     uct_usnic_tx_desc_t *descs[UCT_USNIC_CHANNEL_MAX_BURST];
     unsigned count, sent, i;
 
@@ -97,10 +141,9 @@ void uct_usnic_tx_send_queued(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first)
         for (count = 0;
              (desc != NULL) && (count < UCT_USNIC_CHANNEL_MAX_BURST);
              ++count) {
-            descs[count]           = desc;
-            dgrams[count].iov_base = uct_usnic_tx_desc_dgram(iface, desc);
-            dgrams[count].iov_len  = channel->prefix_size + desc->length;
-            desc                   = uct_usnic_tx_desc_next(ep, desc);
+            descs[count] = desc;
+            uct_usnic_tx_desc_pieces(iface, desc, &dgrams[count]);
+            desc         = uct_usnic_tx_desc_next(ep, desc);
         }
 
         sent = uct_usnic_channel_send_burst(channel, dgrams, count,
@@ -127,7 +170,6 @@ void uct_usnic_tx_send_queued(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first)
  */
 static int uct_usnic_tx_add_ack(uct_usnic_iface_t *iface,
                                 uct_usnic_rx_stream_t *stream,
-                                uct_usnic_hdr_t *hdr,
                                 uct_usnic_tx_desc_t *desc)
 {
     uct_usnic_ack_ext_t *ack;
@@ -138,16 +180,16 @@ static int uct_usnic_tx_add_ack(uct_usnic_iface_t *iface,
         return 0;
     }
 
-    ack = UCS_PTR_BYTE_OFFSET(hdr, desc->length);
+    ack = uct_usnic_tx_desc_tail(iface, desc);
     uct_usnic_rx_ack_take(stream, ack);
     desc->length += sizeof(*ack);
     ++iface->stats.tx_piggy_acks;
     return 1;
 }
 
-void uct_usnic_tx_queue(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
-                        uint8_t type, uint8_t am_id, uint8_t flags,
-                        size_t body_length)
+void uct_usnic_tx_queue_zcopy(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
+                              uint8_t type, uint8_t am_id, uint8_t flags,
+                              size_t body_length)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_hdr_t *hdr     = uct_usnic_tx_desc_hdr(iface, desc);
@@ -159,16 +201,17 @@ void uct_usnic_tx_queue(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
     hdr->incarnation = ep->peer_incarnation;
     hdr->stream_id   = ep->peer_stream_id;
     hdr->psn         = ep->next_psn++;
-    desc->length     = sizeof(*hdr) + body_length;
+    desc->zcopy.head = sizeof(*hdr) + body_length;
+    desc->length     = desc->zcopy.head + desc->zcopy.length;
 
     if ((ep->ack_stream != NULL) &&
-        uct_usnic_tx_add_ack(iface, ep->ack_stream, hdr, desc)) {
+        uct_usnic_tx_add_ack(iface, ep->ack_stream, desc)) {
         flags |= UCT_USNIC_PKT_FLAG_ACK;
     }
 
     if (ep->peer_stream_id == UCT_USNIC_STREAM_ID_NONE) {
         flags                |= UCT_USNIC_PKT_FLAG_OPEN;
-        open                  = UCS_PTR_BYTE_OFFSET(hdr, desc->length);
+        open                  = uct_usnic_tx_desc_tail(iface, desc);
         open->src_incarnation = iface->incarnation;
         open->src_ep_id       = ep->id;
         open->src_ep_serial   = ep->serial;
@@ -202,10 +245,15 @@ void uct_usnic_tx_queue(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
                    desc->length, flags);
 }
 
+/* The peer has the datagram, or nobody will: with its message's last one,
+ * the user's memory is free */
 static void uct_usnic_tx_desc_release(uct_usnic_iface_t *iface,
                                       uct_usnic_ep_t *ep,
-                                      uct_usnic_tx_desc_t *desc)
+                                      uct_usnic_tx_desc_t *desc,
+                                      ucs_status_t status)
 {
+    uct_completion_t *comp = desc->zcopy.comp;
+
     if (desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT) {
         --ep->unsent;
     }
@@ -213,6 +261,9 @@ static void uct_usnic_tx_desc_release(uct_usnic_iface_t *iface,
     ucs_mpool_put_inline(desc);
     --ep->tx_count;
     uct_usnic_ep_deactivate(ep);
+    if (comp != NULL) {
+        uct_invoke_completion(comp, status);
+    }
 }
 
 /* A flush waits for the ACK of the last packet sent before it, and for the
@@ -242,13 +293,15 @@ void uct_usnic_tx_window_purge(uct_usnic_ep_t *ep, ucs_status_t status)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_tx_desc_t *desc;
+    ucs_queue_head_t window;
 
-    while (!ucs_queue_is_empty(&ep->window)) {
-        desc = ucs_queue_pull_elem_non_empty(&ep->window, uct_usnic_tx_desc_t,
-                                             queue);
-        uct_usnic_tx_desc_release(iface, ep, desc);
-    }
+    /* Completions may send again: those are not purged */
+    ucs_queue_head_init(&window);
+    ucs_queue_splice(&window, &ep->window);
     ep->acked_psn = ep->next_psn - 1;
+    ucs_queue_for_each_extract(desc, &window, queue, 1) {
+        uct_usnic_tx_desc_release(iface, ep, desc, status);
+    }
     uct_usnic_get_purge(ep, status);
     uct_usnic_tx_flush_complete(ep, 1, status);
 }
@@ -418,7 +471,7 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
         sent_time = desc->send_time;
 
         ucs_queue_pull_non_empty(&ep->window);
-        uct_usnic_tx_desc_release(iface, ep, desc);
+        uct_usnic_tx_desc_release(iface, ep, desc, UCS_OK);
         ++acked;
     }
 

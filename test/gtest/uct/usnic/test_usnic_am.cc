@@ -14,6 +14,7 @@ extern "C" {
 
 #include <algorithm>
 #include <functional>
+#include <list>
 #include <map>
 #include <string>
 #include <vector>
@@ -146,9 +147,65 @@ protected:
         return msg->length;
     }
 
+    enum send_mode {
+        SEND_SHORT,
+        SEND_BCOPY,
+        SEND_ZCOPY
+    };
+
+    /* An am_zcopy in flight: its memory lives until it completes */
+    struct zcopy_send : uct_completion_t {
+        test_usnic_am        *test;
+        size_t               index;  /* m_sent when posted */
+        unsigned             calls;
+        std::vector<uint8_t> buffer;
+    };
+
+    static void zcopy_done(uct_completion_t *self)
+    {
+        zcopy_send *zsend = static_cast<zcopy_send*>(self);
+
+        ++zsend->calls;
+        EXPECT_UCS_OK(self->status);
+        /* Acknowledged, so delivered */
+        EXPECT_GT(zsend->test->m_received, zsend->index)
+                << "am_zcopy completed before the peer had it";
+    }
+
+    /* The message as a header of random size and up to 4 iov entries */
+    ucs_status_t post_zcopy(entity *sender, zcopy_send &zsend)
+    {
+        size_t length  = zsend.buffer.size();
+        size_t max_hdr = ucs_min(length,
+                                 m_receiver->iface_attr().cap.am.max_hdr);
+        size_t header  = ucs::rand() % (max_hdr + 1);
+        size_t iovcnt  = 1 + ucs::rand() %
+                             m_receiver->iface_attr().cap.am.max_iov;
+        std::vector<uct_iov_t> iov(iovcnt);
+        size_t offset  = header;
+
+        for (size_t i = 0; i < iovcnt; ++i) {
+            iov[i].buffer = &zsend.buffer[offset];
+            iov[i].length = (i == (iovcnt - 1)) ? (length - offset) :
+                            ucs::rand() % (length - offset + 1);
+            iov[i].memh   = UCT_MEM_HANDLE_NULL;
+            iov[i].stride = 0;
+            iov[i].count  = 1;
+            offset       += iov[i].length;
+        }
+
+        return uct_ep_am_zcopy(sender->ep(0), AM_ID, &zsend.buffer[0], header,
+                               &iov[0], iovcnt, 0, &zsend);
+    }
+
     /* Send one message of the given size, progressing until it is taken */
+    void send(entity *sender, uint32_t sender_index, size_t length, bool bcopy)
+    {
+        send(sender, sender_index, length, bcopy ? SEND_BCOPY : SEND_SHORT);
+    }
+
     void send(entity *sender, uint32_t sender_index, size_t length,
-              bool bcopy)
+              send_mode mode)
     {
         std::vector<uint8_t> buffer(ucs_max(length, sizeof(message)));
         message msg = {sender_index, m_next_seq[sender_index], (uint32_t)length};
@@ -157,8 +214,25 @@ protected:
         ssize_t packed;
 
         fill(&buffer[0], msg, length);
+        if (mode == SEND_ZCOPY) {
+            m_zcopy_sends.emplace_back();
+            zcopy_send &zsend = m_zcopy_sends.back();
+            zsend.func   = zcopy_done;
+            zsend.count  = 1;
+            zsend.status = UCS_OK;
+            zsend.test   = this;
+            zsend.index  = m_sent;
+            zsend.calls  = 0;
+            zsend.buffer.assign(buffer.begin(), buffer.begin() + length);
+        }
+
         do {
-            if (bcopy) {
+            if (mode == SEND_ZCOPY) {
+                status = post_zcopy(sender, m_zcopy_sends.back());
+                if (status == UCS_INPROGRESS) {
+                    status = UCS_OK;
+                }
+            } else if (mode == SEND_BCOPY) {
                 packed = uct_ep_am_bcopy(sender->ep(0), AM_ID, pack_cb, &msg,
                                          0);
                 status = (packed < 0) ? (ucs_status_t)packed : UCS_OK;
@@ -199,6 +273,13 @@ protected:
         flush();
         EXPECT_EQ(m_sent, m_received);
         EXPECT_EQ(0u, m_errors_found);
+
+        /* Each am_zcopy completed exactly once, before the flush */
+        for (const zcopy_send &zsend : m_zcopy_sends) {
+            EXPECT_EQ(1u, zsend.calls) << "am_zcopy " << zsend.index;
+            EXPECT_EQ(0, zsend.count);
+        }
+        m_zcopy_sends.clear();
     }
 
     size_t max_short() const
@@ -211,11 +292,17 @@ protected:
         return m_receiver->iface_attr().cap.am.max_bcopy;
     }
 
+    size_t max_zcopy() const
+    {
+        return m_receiver->iface_attr().cap.am.max_zcopy;
+    }
+
     entity                      *m_receiver;
     std::vector<uint32_t>       m_next_seq;
     std::map<uint32_t, uint32_t> m_expected_seq;
     std::vector<void*>          m_kept;
     bool                        m_keep_descs;
+    std::list<zcopy_send>       m_zcopy_sends;
     size_t                      m_sent        = 0;
     size_t                      m_received    = 0;
     unsigned                    m_errors_found = 0;
@@ -257,6 +344,22 @@ UCS_TEST_P(test_usnic_am, bcopy_sizes) {
 
     for (size_t size : sizes) {
         send(sender, 0, size, true);
+    }
+    wait_all_received();
+}
+
+UCS_TEST_P(test_usnic_am, zcopy_sizes) {
+    entity *sender  = add_sender();
+    size_t datagram = receiver_iface()->config.max_payload;
+    size_t sizes[]  = {sizeof(message), sizeof(message) + 1, datagram - 1,
+                       datagram, datagram + 1, 2 * datagram,
+                       2 * datagram + 1, max_zcopy() - 1, max_zcopy()};
+
+    EXPECT_TRUE(m_receiver->iface_attr().cap.flags & UCT_IFACE_FLAG_AM_ZCOPY);
+    for (int round = 0; round < 20; ++round) {
+        for (size_t size : sizes) {
+            send(sender, 0, size, SEND_ZCOPY);
+        }
     }
     wait_all_received();
 }
@@ -697,8 +800,8 @@ protected:
         return sender;
     }
 
-    /* Stream messages of every size, short and bcopy: count of them, and
-     * more until the given time has passed */
+    /* Stream messages of every size, short, bcopy and zcopy: count of
+     * them, and more until the given time has passed */
     void stream_messages(entity *sender, size_t count, double seconds = 0)
     {
         ucs_time_t end;
@@ -706,11 +809,12 @@ protected:
         m_keep_descs = true;
         end          = ucs_get_time() + ucs_time_from_sec(seconds);
         for (size_t i = 0; (i < count) || (ucs_get_time() < end); ++i) {
-            bool bcopy = (i % 3) != 0;
-            size_t max = bcopy ? max_bcopy() : max_short();
+            send_mode mode = (send_mode)(i % 3);
+            size_t max     = (mode == SEND_SHORT) ? max_short() :
+                             (mode == SEND_BCOPY) ? max_bcopy() : max_zcopy();
             send(sender, 0, sizeof(message) + ucs::rand() %
                                               (max - sizeof(message) + 1),
-                 bcopy);
+                 mode);
         }
         wait_all_received();
     }

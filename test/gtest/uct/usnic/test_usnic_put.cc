@@ -15,6 +15,7 @@ extern "C" {
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <list>
 #include <map>
 #include <string>
 #include <vector>
@@ -119,12 +120,69 @@ protected:
         return args->length;
     }
 
+    /* A put_zcopy in flight: its memory lives until it completes */
+    struct zcopy_put : uct_completion_t {
+        unsigned             calls;
+        std::vector<uint8_t> data;
+    };
+
+    static void zcopy_done(uct_completion_t *self)
+    {
+        ++static_cast<zcopy_put*>(self)->calls;
+        EXPECT_UCS_OK(self->status);
+    }
+
+    /* The write from up to 4 iov entries of random sizes */
+    void put_zcopy(uint64_t address, uct_rkey_t rkey, const uint8_t *data,
+                   size_t length)
+    {
+        ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(60);
+        size_t iovcnt       = 1 + ucs::rand() %
+                                  m_sender->iface_attr().cap.put.max_iov;
+        std::vector<uct_iov_t> iov(iovcnt);
+        size_t offset       = 0;
+        ucs_status_t status;
+
+        m_zcopy_puts.emplace_back();
+        zcopy_put &zput = m_zcopy_puts.back();
+        zput.func       = zcopy_done;
+        zput.count      = 1;
+        zput.status     = UCS_OK;
+        zput.calls      = 0;
+        zput.data.assign(data, data + length);
+        for (size_t i = 0; i < iovcnt; ++i) {
+            iov[i].buffer = zput.data.data() + offset;
+            iov[i].length = (i == (iovcnt - 1)) ? (length - offset) :
+                            ucs::rand() % (length - offset + 1);
+            iov[i].memh   = UCT_MEM_HANDLE_NULL;
+            iov[i].stride = 0;
+            iov[i].count  = 1;
+            offset       += iov[i].length;
+        }
+
+        do {
+            status = uct_ep_put_zcopy(m_sender->ep(0), &iov[0], iovcnt,
+                                      address, rkey, &zput);
+            if (status == UCS_ERR_NO_RESOURCE) {
+                progress();
+            }
+        } while ((status == UCS_ERR_NO_RESOURCE) &&
+                 (ucs_get_time() < deadline));
+
+        ASSERT_EQ(UCS_INPROGRESS, status);
+    }
+
     void put(uint64_t address, uct_rkey_t rkey, const uint8_t *data,
              size_t length)
     {
         ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(60);
         put_args args       = {data, length};
         ssize_t packed;
+
+        if (m_zcopy) {
+            put_zcopy(address, rkey, data, length);
+            return;
+        }
 
         do {
             packed = uct_ep_put_bcopy(m_sender->ep(0), pack, &args, address,
@@ -157,6 +215,13 @@ protected:
         } while ((status == UCS_ERR_NO_RESOURCE || status == UCS_INPROGRESS) &&
                  (ucs_get_time() < deadline));
         ASSERT_UCS_OK(status);
+
+        /* Each put_zcopy completed exactly once, before the flush */
+        for (const zcopy_put &zput : m_zcopy_puts) {
+            EXPECT_EQ(1u, zput.calls);
+            EXPECT_EQ(0, zput.count);
+        }
+        m_zcopy_puts.clear();
     }
 
     void check_arena()
@@ -373,6 +438,8 @@ protected:
     std::vector<uint8_t> m_expected;
     uct_mem_h            m_memh = NULL;
     uct_rkey_bundle_t    m_rkey;
+    bool                 m_zcopy = false;
+    std::list<zcopy_put> m_zcopy_puts;
 };
 
 const size_t  test_usnic_put::GUARD_SIZE;
@@ -403,6 +470,13 @@ UCS_TEST_P(test_usnic_put, caps) {
 
 UCS_TEST_P(test_usnic_put, random_puts) {
     random_puts(100000 / ucs::test_time_multiplier());
+}
+
+UCS_TEST_P(test_usnic_put, random_zcopy_puts) {
+    EXPECT_TRUE(m_sender->iface_attr().cap.flags & UCT_IFACE_FLAG_PUT_ZCOPY);
+    EXPECT_EQ(put_max_bcopy(), m_sender->iface_attr().cap.put.max_zcopy);
+    m_zcopy = true;
+    random_puts(20000 / ucs::test_time_multiplier());
 }
 
 UCS_TEST_P(test_usnic_put, put_short) {
@@ -722,6 +796,11 @@ UCS_TEST_P(test_usnic_put_faults, drop_1_percent) {
 }
 
 UCS_TEST_P(test_usnic_put_faults, drop_5_percent) {
+    random_puts_through({{"FAULT_DROP", "0.05"}});
+}
+
+UCS_TEST_P(test_usnic_put_faults, zcopy_drop_5_percent) {
+    m_zcopy = true;
     random_puts_through({{"FAULT_DROP", "0.05"}});
 }
 
