@@ -17,7 +17,10 @@
 #   contrib/test.sh                  default leg (Debian's UCX + libfabric)
 #   UCX_SRC=... [LIBFABRIC_SRC=...] contrib/test.sh   another leg
 #   GTEST_FILTER=<pattern> contrib/test.sh            a subset of usnic/*
-#   USNIC_UDP_SUITES=0 contrib/test.sh  skip the libfabric udp provider runs
+#   USNIC_UDP_SUITES="own" contrib/test.sh  which of the own and generic
+#                                    suites run again over libfabric's udp
+#                                    provider (default: "own generic"; 0 or
+#                                    "": none)
 #   USNIC_UCP_SUITES="tag_xfer am" contrib/test.sh    UCP suites to run
 #                                    (default: all of them; .ci/run splits
 #                                    them between its two legs)
@@ -37,6 +40,7 @@ esac
 
 # UCX's UCP suites for usnic: usnic/test_ucp_<name>*
 ucp_suites=(${USNIC_UCP_SUITES:-tag_xfer am rma stream wireup peer_failure})
+udp_suites=" ${USNIC_UDP_SUITES-own generic} "
 
 "${usnic_top}/contrib/build.sh"
 usnic_env
@@ -154,10 +158,11 @@ if [ -n "${GTEST_FILTER:-}" ]; then
 else
     run_suite usnic-own "${own}"
     run_suite usnic-generic "usnic/*-${own}:${ucp}"
-    # The same over libfabric's udp provider, on the legs that ask for it
-    # (USNIC_UDP_SUITES=1)
-    if [ "${USNIC_UDP_SUITES:-1}" = 1 ]; then
+    # The same over libfabric's udp provider, as far as USNIC_UDP_SUITES asks
+    if [[ "${udp_suites}" == *" own "* ]]; then
         run_suite usnic-own-udp "${own}" UCX_USNIC_PROVIDER=udp
+    fi
+    if [[ "${udp_suites}" == *" generic "* ]]; then
         run_suite usnic-generic-udp "usnic/*-${own}:${ucp}" \
             UCX_USNIC_PROVIDER=udp
     fi

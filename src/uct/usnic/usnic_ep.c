@@ -72,6 +72,10 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
     self->status           = UCS_OK;
     ucs_list_head_init(&self->failed_list);
     ucs_queue_head_init(&self->gets);
+    self->bundle           = NULL;
+    self->bundle_time      = 0;
+    ucs_list_head_init(&self->bundle_list);
+    self->last_tx_time     = 0;
     self->internal         = internal;
     self->id               = ucs_ptr_array_insert(&iface->eps, self);
     /* A reply ep neither opens nor closes the connection to its peer */
@@ -90,6 +94,10 @@ UCS_CLASS_CLEANUP_FUNC(uct_usnic_ep_t)
 
     /* The async timer looks for timeouts among the active eps */
     uct_usnic_iface_enter(iface);
+    if ((self->bundle != NULL) && (self->status == UCS_OK)) {
+        /* Posted before, so sent once as any datagram of the window was */
+        uct_usnic_bundle_send(self);
+    }
     uct_usnic_tx_window_purge(self, UCS_ERR_CANCELED);
     ucs_list_del(&self->failed_list);
     if (!self->internal) {
@@ -109,17 +117,29 @@ ucs_status_t uct_usnic_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p)
     return UCS_CLASS_NEW(uct_usnic_ep_t, ep_p, params, 0);
 }
 
-/* Take a send buffer for a one-datagram AM of the given length */
+/*
+ * Put a short AM of the given length (header, if any, included) in the ep's
+ * bundle (*desc_p = NULL), or take a send buffer for it to go on its own
+ */
 static UCS_F_ALWAYS_INLINE ucs_status_t
-uct_usnic_ep_am_short_get(uct_usnic_ep_t *ep, uint8_t id, size_t length,
+uct_usnic_ep_am_short_get(uct_usnic_ep_t *ep, uint8_t id,
+                          const uint64_t *header, const uct_iov_t *iov,
+                          size_t iovcnt, size_t length,
                           uct_usnic_tx_desc_t **desc_p)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
-
     ucs_status_t status;
 
     UCT_CHECK_AM_ID(id);
     UCT_CHECK_LENGTH(length, 0, iface->config.max_payload, "am_short");
+
+    if (iface->config.bundle_delay != 0) {
+        status = uct_usnic_bundle_am(ep, id, header, iov, iovcnt, length);
+        if (status != UCS_ERR_UNSUPPORTED) {
+            *desc_p = NULL;
+            return status;
+        }
+    }
 
     status = uct_usnic_ep_send_check(ep, 1);
     if (ucs_unlikely(status != UCS_OK)) {
@@ -151,13 +171,20 @@ ucs_status_t uct_usnic_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header,
                                    const void *payload, unsigned length)
 {
     uct_usnic_ep_t *ep = ucs_derived_of(tl_ep, uct_usnic_ep_t);
+    uct_iov_t iov      = {
+        .buffer = (void*)payload,
+        .length = length,
+        .memh   = UCT_MEM_HANDLE_NULL,
+        .stride = 0,
+        .count  = 1
+    };
     uct_usnic_tx_desc_t *desc;
     ucs_status_t status;
     uint64_t *data;
 
-    status = uct_usnic_ep_am_short_get(ep, id, sizeof(header) + length,
-                                       &desc);
-    if (ucs_unlikely(status != UCS_OK)) {
+    status = uct_usnic_ep_am_short_get(ep, id, &header, &iov, 1,
+                                       sizeof(header) + length, &desc);
+    if (ucs_unlikely((status != UCS_OK) || (desc == NULL))) {
         return status;
     }
 
@@ -180,8 +207,9 @@ ucs_status_t uct_usnic_ep_am_short_iov(uct_ep_h tl_ep, uint8_t id,
     ucs_status_t status;
 
     UCT_CHECK_IOV_SIZE(iovcnt, UCT_USNIC_MAX_IOV, "uct_usnic_ep_am_short_iov");
-    status = uct_usnic_ep_am_short_get(ep, id, length, &desc);
-    if (ucs_unlikely(status != UCS_OK)) {
+    status = uct_usnic_ep_am_short_get(ep, id, NULL, iov, iovcnt, length,
+                                       &desc);
+    if (ucs_unlikely((status != UCS_OK) || (desc == NULL))) {
         return status;
     }
 
@@ -272,8 +300,13 @@ static void uct_usnic_ep_post_msg(uct_usnic_ep_t *ep,
                                                   frag_len - hdr_len,
                                                   &iov_iter);
             desc->zcopy.iovcnt = iovcnt;
-            desc->zcopy.comp   = (flags & UCT_USNIC_PKT_FLAG_LAST) ?
-                                 msg->comp : NULL;
+            desc->zcopy.comp   = NULL;
+            if ((flags & UCT_USNIC_PKT_FLAG_LAST) && (msg->comp != NULL)) {
+                /* The user may be waiting for its memory: no delayed ACK */
+                desc->zcopy.comp = msg->comp;
+                flags           |= UCT_USNIC_PKT_FLAG_ACK_REQ;
+                ++iface->tx_comps;
+            }
             uct_usnic_tx_queue_zcopy(ep, desc, type, msg->am_id, flags,
                                      ext_len + hdr_len);
         }
@@ -561,6 +594,12 @@ ucs_status_t uct_usnic_ep_flush(uct_ep_h tl_ep, unsigned flags,
         return ep->status;
     }
 
+    uct_usnic_iface_enter(iface);
+    if (ep->bundle != NULL) {
+        uct_usnic_bundle_send(ep);
+    }
+    uct_usnic_iface_leave(iface);
+
     /* Pending sends go first, unless this flush is one of them */
     if (!iface->in_pending && !ucs_arbiter_group_is_empty(&ep->arb_group)) {
         UCT_TL_EP_STAT_FLUSH_WAIT(&ep->super);
@@ -583,6 +622,7 @@ ucs_status_t uct_usnic_ep_flush(uct_ep_h tl_ep, unsigned flags,
             return UCS_ERR_NO_RESOURCE;
         }
         ++iface->tx_outstanding;
+        ++iface->tx_comps;
 
         req->psn  = ep->next_psn - 1;
         req->comp = comp;

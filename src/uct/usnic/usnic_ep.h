@@ -95,6 +95,11 @@ typedef struct uct_usnic_ep {
     ucs_status_t          status;          /* Why the ep failed, or OK */
     ucs_list_link_t       failed_list;     /* In iface->failed_eps */
     ucs_queue_head_t      gets;            /* uct_usnic_get_t, oldest first */
+    struct uct_usnic_tx_desc *bundle;      /* Short AMs waiting to go as one
+                                              datagram, or NULL */
+    ucs_time_t            bundle_time;     /* Its first AM's */
+    ucs_list_link_t       bundle_list;     /* In iface->bundle_eps */
+    ucs_time_t            last_tx_time;    /* Newest datagram sent */
     int                   internal;        /* Carries replies to reads: no
                                               user owns it */
 } uct_usnic_ep_t;
@@ -197,6 +202,24 @@ uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc, uint8_t type,
     uct_usnic_tx_send_queued(ep, desc);
 }
 
+/* Short AMs to one peer share a datagram (usnic_bundle.c) */
+
+/* Whether the AM was taken into a bundle: UCS_OK; the ep's failure or
+ * UCS_ERR_NO_RESOURCE; or UCS_ERR_UNSUPPORTED when it goes on its own */
+ucs_status_t uct_usnic_bundle_am(uct_usnic_ep_t *ep, uint8_t id,
+                                 const uint64_t *header, const uct_iov_t *iov,
+                                 size_t iovcnt, size_t length);
+
+/* Send the ep's bundle; the caller has entered the iface */
+void uct_usnic_bundle_send(uct_usnic_ep_t *ep);
+
+/* Send the bundles that waited long enough, or whose eps' windows drained;
+ * all of them with all != 0. The caller has entered the iface */
+void uct_usnic_bundle_progress(uct_usnic_iface_t *iface, int all);
+
+/* Drop the ep's bundle unsent; the caller has entered the iface */
+void uct_usnic_bundle_discard(uct_usnic_ep_t *ep);
+
 void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
                              const uct_usnic_ack_ext_t *ack,
                              uint32_t src_incarnation, uint64_t sack,
@@ -264,7 +287,8 @@ static UCS_F_ALWAYS_INLINE int uct_usnic_ep_has_room(uct_usnic_ep_t *ep,
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
 
-    return (ep->tx_count + num_packets <= ep->cwnd) &&
+    /* An open bundle holds a send buffer and becomes a packet */
+    return (ep->tx_count + (ep->bundle != NULL) + num_packets <= ep->cwnd) &&
            (iface->tx_outstanding + num_packets <= iface->config.tx_max_bufs);
 }
 

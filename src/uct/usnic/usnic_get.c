@@ -60,7 +60,6 @@ static ucs_status_t uct_usnic_get_post(uct_usnic_ep_t *ep, uct_usnic_get_t *get,
 
     uct_usnic_iface_enter(iface);
     get->id  = ucs_ptr_array_insert(&iface->gets, get);
-    get->psn = ep->next_psn;
     uct_usnic_ep_activate(ep);
     ucs_queue_push(&ep->gets, &get->queue);
     ++iface->num_gets;
@@ -78,6 +77,7 @@ static ucs_status_t uct_usnic_get_post(uct_usnic_ep_t *ep, uct_usnic_get_t *get,
     uct_usnic_tx_post(ep, desc, UCT_USNIC_PKT_GET, 0,
                       UCT_USNIC_PKT_FLAG_FIRST | UCT_USNIC_PKT_FLAG_LAST,
                       sizeof(*request));
+    get->psn = ep->next_psn - 1; /* After a bundle that went before it */
     uct_usnic_iface_leave(iface);
     return UCS_INPROGRESS;
 }

@@ -134,6 +134,17 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      "Longest time a receiver holds back an acknowledgement to batch it.",
      ucs_offsetof(uct_usnic_iface_config_t, ack_delay), UCS_CONFIG_TYPE_TIME},
 
+    {"BUNDLE_DELAY", "10us",
+     "Longest time a short active message waits to share a datagram with\n"
+     "the next ones to the same peer. Only a message posted while the\n"
+     "endpoint's previous datagrams are unacknowledged and the last was sent\n"
+     "less than this long ago waits; the bundle goes when it is full, when\n"
+     "everything before it is acknowledged, when another operation or a\n"
+     "flush follows, or after this delay. 0 sends every message at once.\n"
+     "Off when the iface is opened with an AM alignment.",
+     ucs_offsetof(uct_usnic_iface_config_t, bundle_delay),
+     UCS_CONFIG_TYPE_TIME},
+
     {"RTO_MIN", "1ms",
      "Smallest retransmission timeout; the timeout follows the measured\n"
      "round-trip time above it.",
@@ -339,6 +350,14 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
         return UCS_ERR_INVALID_PARAM;
     }
 
+    if ((config->bundle_delay < 0) ||
+        (config->bundle_delay >= config->rto_min)) {
+        ucs_error("%s=%g must be at least 0 and below %s=%g (seconds)",
+                  UCT_USNIC_CONFIG_VAR("BUNDLE_DELAY"), config->bundle_delay,
+                  UCT_USNIC_CONFIG_VAR("RTO_MIN"), config->rto_min);
+        return UCS_ERR_INVALID_PARAM;
+    }
+
     return UCS_OK;
 }
 
@@ -526,10 +545,12 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
     /* Standalone ACKs are rare where replies carry them: their channel may
      * be skipped, but not when the timers are due: the ACKs that wait there
      * may spare a resend (an iface progressed now and then would otherwise
-     * see every packet it sent time out). Data is awaited at full speed
-     * unless the user has been sending since the last call. */
+     * see every packet it sent time out); nor while the user waits for an
+     * ACK to complete a zcopy send or a flush. Data is awaited at full
+     * speed unless the user has been sending since the last call. */
     count  = uct_usnic_channel_poll(&iface->channels[UCT_USNIC_CHANNEL_PRIO],
                                     iface->config.max_poll,
+                                    (iface->tx_comps == 0) &&
                                     !uct_usnic_iface_timers_due(iface));
     count += uct_usnic_channel_poll(&iface->channels[UCT_USNIC_CHANNEL_DATA],
                                     iface->config.max_poll,
@@ -538,6 +559,10 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
 
     if (!ucs_list_is_empty(&iface->ack_streams)) {
         uct_usnic_rx_send_acks(iface, 0);
+    }
+
+    if (!ucs_list_is_empty(&iface->bundle_eps)) {
+        uct_usnic_bundle_progress(iface, 0);
     }
 
     if (!ucs_list_is_empty(&iface->active_eps)) {
@@ -572,6 +597,11 @@ static void uct_usnic_iface_async_timer(int id, ucs_event_set_types_t events,
 
     if (!ucs_list_is_empty(&iface->ack_streams)) {
         uct_usnic_rx_send_acks(iface, 0);
+    }
+
+    /* A bundle does not wait for the user's next call */
+    if (!ucs_list_is_empty(&iface->bundle_eps)) {
+        uct_usnic_bundle_progress(iface, 0);
     }
 
     /* Peer timeouts are found even while nobody progresses the iface */
@@ -622,6 +652,10 @@ static ucs_status_t uct_usnic_iface_flush(uct_iface_h tl_iface, unsigned flags,
     if (comp != NULL) {
         return UCS_ERR_UNSUPPORTED;
     }
+
+    uct_usnic_iface_enter(iface);
+    uct_usnic_bundle_progress(iface, 1);
+    uct_usnic_iface_leave(iface);
 
     if ((iface->tx_outstanding > 0) || (iface->num_gets > 0)) {
         UCT_TL_IFACE_STAT_FLUSH_WAIT(&iface->super);
@@ -911,6 +945,11 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
                                               config->window);
     iface->config.ack_freq          = config->ack_freq;
     iface->config.ack_delay         = ucs_time_from_sec(config->ack_delay);
+    /* Records of a bundle lie at any offset: no alignment for them */
+    iface->config.bundle_delay      =
+            ((params->field_mask & UCT_IFACE_PARAM_FIELD_AM_ALIGNMENT) &&
+             (params->am_alignment > 1)) ?
+            0 : ucs_time_from_sec(config->bundle_delay);
     iface->config.rto_min           = ucs_time_from_sec(config->rto_min);
     iface->config.rto_max           = ucs_time_from_sec(config->rto_max);
     iface->config.max_resend        = config->max_resend;
@@ -1126,6 +1165,7 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     self->sent_since_progress = 0;
     self->next_ep_serial   = 1;
     self->next_timer_check = 0;
+    self->tx_comps         = 0;
     ucs_ptr_array_init(&self->eps, "usnic_eps");
     ucs_ptr_array_init(&self->streams, "usnic_streams");
     ucs_ptr_array_init(&self->gets, "usnic_gets");
@@ -1138,6 +1178,7 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     ucs_list_head_init(&self->active_eps);
     ucs_list_head_init(&self->failed_eps);
     ucs_list_head_init(&self->ack_streams);
+    ucs_list_head_init(&self->bundle_eps);
 
     status = uct_usnic_iface_init_buffers(self, md, params, config);
     if (status != UCS_OK) {

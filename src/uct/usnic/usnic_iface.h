@@ -118,6 +118,7 @@ typedef struct uct_usnic_iface_config {
     size_t                   put_max_bcopy;
     unsigned                 ack_freq;
     double                   ack_delay;
+    double                   bundle_delay;
     double                   rto_min;
     double                   rto_max;
     double                   async_tick;
@@ -152,7 +153,10 @@ typedef struct uct_usnic_iface {
     ucs_list_link_t         failed_eps;    /* eps whose failure is still to
                                               be reported, from progress */
     ucs_list_link_t         ack_streams;   /* streams owing an ACK */
+    ucs_list_link_t         bundle_eps;    /* eps collecting a bundle */
     unsigned                tx_outstanding; /* Unacked packets, all eps */
+    unsigned                tx_comps;      /* User completions waiting for
+                                              ACKs: zcopy sends, flushes */
     int                     in_pending;    /* Dispatching pending requests */
     int                     sent_since_progress;
     ucs_time_t              next_timer_check;
@@ -193,6 +197,7 @@ typedef struct uct_usnic_iface {
         unsigned            cwnd_min;
         unsigned            ack_freq;
         ucs_time_t          ack_delay;
+        ucs_time_t          bundle_delay;  /* 0: no bundles */
         ucs_time_t          rto_min;
         ucs_time_t          rto_max;
         unsigned            max_resend;
@@ -204,6 +209,7 @@ typedef struct uct_usnic_iface {
         uint64_t            tx_resends;
         uint64_t            tx_acks;       /* Standalone */
         uint64_t            tx_piggy_acks; /* Carried by AM packets */
+        uint64_t            tx_bundled;    /* AMs sent in bundles */
         uint64_t            rx_packets;
         uint64_t            rx_acks;
     } stats;

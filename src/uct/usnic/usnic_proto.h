@@ -43,6 +43,7 @@ typedef enum {
     UCT_USNIC_PKT_GET   = 5, /* Remote read request, data channel */
     UCT_USNIC_PKT_GET_REPLY = 6, /* Data of a remote read (fragment), data
                                     channel */
+    UCT_USNIC_PKT_BUNDLE = 7, /* Several short AMs, data channel */
     UCT_USNIC_PKT_LAST
 } uct_usnic_pkt_type_t;
 
@@ -140,6 +141,16 @@ typedef struct uct_usnic_get_reply_ext {
     uint32_t offset;  /* Of this datagram's data within the read */
     uint32_t status;  /* UCT_USNIC_GET_REPLY_xx */
 } UCS_S_PACKED uct_usnic_get_reply_ext_t;
+
+
+/**
+ * Each AM of a BUNDLE packet's body starts with this; its data follows.
+ */
+typedef struct uct_usnic_bundle_rec {
+    uint8_t  am_id;
+    uint8_t  reserved; /* 0 */
+    uint16_t length;   /* Of the data */
+} UCS_S_PACKED uct_usnic_bundle_rec_t;
 
 
 /**

@@ -277,9 +277,61 @@ static int uct_usnic_rx_hdr_check(uct_usnic_iface_t *iface,
     return 1;
 }
 
+/* A bundle is a whole message of records that fill its body exactly */
+static int uct_usnic_rx_bundle_valid(const uct_usnic_hdr_t *hdr,
+                                     size_t body_len)
+{
+    const uct_usnic_bundle_rec_t *rec = (const void*)(hdr + 1);
+    size_t offset                     = 0;
+
+    if (!ucs_test_all_flags(hdr->flags, UCT_USNIC_PKT_FLAG_FIRST |
+                                        UCT_USNIC_PKT_FLAG_LAST)) {
+        return 0;
+    }
+
+    while (offset < body_len) {
+        if (((body_len - offset) < sizeof(*rec)) ||
+            (rec->am_id >= UCT_AM_ID_MAX) || (rec->reserved != 0) ||
+            (rec->length > (body_len - offset - sizeof(*rec)))) {
+            return 0;
+        }
+
+        offset += sizeof(*rec) + rec->length;
+        rec     = UCS_PTR_BYTE_OFFSET(hdr + 1, offset);
+    }
+
+    return 1;
+}
+
+/* Deliver each AM of a bundle; they share the datagram, so no user may
+ * keep one (no UCT_CB_PARAM_FLAG_DESC) */
+static void uct_usnic_rx_bundle(uct_usnic_iface_t *iface,
+                                uct_usnic_rx_stream_t *stream,
+                                void *body, size_t body_len)
+{
+    uct_usnic_bundle_rec_t *rec;
+    size_t offset;
+
+    if (ucs_unlikely(stream->am_buf != NULL)) {
+        /* The sender never bundles inside a fragmented message */
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+        return;
+    }
+
+    for (offset = 0; offset < body_len;
+         offset += sizeof(*rec) + rec->length) {
+        rec = UCS_PTR_BYTE_OFFSET(body, offset);
+        uct_iface_trace_am(&iface->super, UCT_AM_TRACE_TYPE_RECV, rec->am_id,
+                           rec + 1, rec->length, "RX: AM (bundled)");
+        uct_iface_invoke_am(&iface->super, rec->am_id, rec + 1, rec->length,
+                            0);
+    }
+}
+
 /*
- * Parse and check a datagram of the data channel: AM, PUT, PROBE, GET or
- * GET_REPLY. The body is what lies between the header and the trailers.
+ * Parse and check a datagram of the data channel: AM, PUT, PROBE, GET,
+ * GET_REPLY or BUNDLE. The body is what lies between the header and the
+ * trailers.
  */
 static const uct_usnic_hdr_t *
 uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
@@ -313,6 +365,10 @@ uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
             type     = UCT_USNIC_PKT_GET_REPLY;
             min_body = sizeof(uct_usnic_get_reply_ext_t);
             break;
+        case UCT_USNIC_PKT_BUNDLE:
+            type     = UCT_USNIC_PKT_BUNDLE;
+            min_body = sizeof(uct_usnic_bundle_rec_t);
+            break;
         }
     }
 
@@ -327,7 +383,9 @@ uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
                                      UCT_AM_ID_MAX : 1)) ||
                      ((type == UCT_USNIC_PKT_PROBE) && (*body_len_p != 0)) ||
                      ((type == UCT_USNIC_PKT_GET) &&
-                      (*body_len_p != sizeof(uct_usnic_get_ext_t))))) {
+                      (*body_len_p != sizeof(uct_usnic_get_ext_t))) ||
+                     ((type == UCT_USNIC_PKT_BUNDLE) &&
+                      !uct_usnic_rx_bundle_valid(hdr, *body_len_p)))) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
         return NULL;
     }
@@ -429,6 +487,9 @@ uct_usnic_rx_in_order(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
         return UCS_OK;
     case UCT_USNIC_PKT_GET_REPLY:
         uct_usnic_get_rx_reply(iface, stream, hdr + 1, body_len);
+        return UCS_OK;
+    case UCT_USNIC_PKT_BUNDLE:
+        uct_usnic_rx_bundle(iface, stream, (void*)(hdr + 1), body_len);
         return UCS_OK;
     }
 

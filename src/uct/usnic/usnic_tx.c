@@ -131,6 +131,7 @@ void uct_usnic_tx_send_queued(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first)
     uct_usnic_tx_desc_t *descs[UCT_USNIC_CHANNEL_MAX_BURST];
     unsigned count, sent, i;
 
+    ep->last_tx_time = now;
     if (ucs_likely(desc == NULL)) {
         uct_usnic_tx_send(iface, ep, first, now); /* A single datagram */
         return;
@@ -194,6 +195,11 @@ void uct_usnic_tx_queue_zcopy(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_hdr_t *hdr     = uct_usnic_tx_desc_hdr(iface, desc);
     uct_usnic_open_ext_t *open;
+
+    /* What was posted before goes before */
+    if (ucs_unlikely(ep->bundle != NULL)) {
+        uct_usnic_bundle_send(ep);
+    }
 
     hdr->version     = UCT_USNIC_PROTO_VERSION;
     hdr->type        = type;
@@ -262,6 +268,7 @@ static void uct_usnic_tx_desc_release(uct_usnic_iface_t *iface,
     --ep->tx_count;
     uct_usnic_ep_deactivate(ep);
     if (comp != NULL) {
+        --iface->tx_comps;
         uct_invoke_completion(comp, status);
     }
 }
@@ -286,6 +293,7 @@ void uct_usnic_tx_flush_complete(uct_usnic_ep_t *ep, int all,
         uct_invoke_completion(req->comp, status);
         ucs_mpool_put_inline(req);
         --iface->tx_outstanding;
+        --iface->tx_comps;
     }
 }
 
@@ -294,6 +302,8 @@ void uct_usnic_tx_window_purge(uct_usnic_ep_t *ep, ucs_status_t status)
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_tx_desc_t *desc;
     ucs_queue_head_t window;
+
+    uct_usnic_bundle_discard(ep);
 
     /* Completions may send again: those are not purged */
     ucs_queue_head_init(&window);

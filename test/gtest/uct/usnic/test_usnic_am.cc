@@ -375,6 +375,46 @@ UCS_TEST_P(test_usnic_am, stream_short) {
     EXPECT_EQ(0u, receiver_iface()->stats.rx_drop[UCT_USNIC_RX_DROP_INVALID]);
 }
 
+/* Short messages posted faster than ACKs come back share datagrams */
+UCS_TEST_P(test_usnic_am, stream_short_bundled) {
+    entity *sender            = add_sender();
+    const uct_usnic_iface_t *iface =
+            ucs_derived_of(sender->iface(), uct_usnic_iface_t);
+    size_t count              = 100000 / ucs::test_time_multiplier();
+
+    for (size_t i = 0; i < count; ++i) {
+        send(sender, 0, sizeof(message) + (i % 64), (i % 1000) == 999);
+    }
+    wait_all_received();
+    UCS_TEST_MESSAGE << count << " messages in " << iface->stats.tx_packets
+                     << " datagrams, " << iface->stats.tx_bundled
+                     << " of them bundled";
+    EXPECT_GT(iface->stats.tx_bundled, count / 2);
+    EXPECT_LT(iface->stats.tx_packets, count / 4);
+}
+
+/* A message with nothing in flight before it is not held back: the
+ * receiver gets it without the sender progressing */
+UCS_TEST_P(test_usnic_am, lone_message_not_held) {
+    entity *sender            = add_sender();
+    const uct_usnic_iface_t *iface =
+            ucs_derived_of(sender->iface(), uct_usnic_iface_t);
+
+    for (int i = 0; i < 10; ++i) {
+        uint64_t packets = iface->stats.tx_packets;
+
+        send(sender, 0, sizeof(message) + i, false);
+        EXPECT_EQ(packets + 1, iface->stats.tx_packets) << "not sent at once";
+        ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(1);
+        while ((m_received < m_sent) && (ucs_get_time() < deadline)) {
+            m_receiver->progress();
+        }
+        ASSERT_EQ(m_sent, m_received) << "message " << i << " held back";
+        wait_all_received(); /* its ACK comes back */
+    }
+    EXPECT_EQ(0u, iface->stats.tx_bundled);
+}
+
 UCS_TEST_P(test_usnic_am, stream_bcopy_random_sizes) {
     entity *sender = add_sender();
     size_t count   = 20000 / ucs::test_time_multiplier();

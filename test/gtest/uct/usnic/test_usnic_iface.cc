@@ -254,6 +254,7 @@ UCS_TEST_P(test_usnic_iface, bad_config_values) {
         {"MAX_BCOPY", "8m"},
         {"PUT_MAX_BCOPY", "8m"},
         {"ASYNC_TICK", "0"},
+        {"BUNDLE_DELAY", "1s"},
         {"TIMEOUT", "0"},
         {"PORT_RANGE", "9000-8000"},
         {"PORT_RANGE", "70000-70001"},
@@ -555,6 +556,68 @@ UCS_TEST_P(test_usnic_iface_malformed, fields_checked) {
     /* Still the one stream and the one delivery */
     EXPECT_EQ(1u, kh_size(&iface->stream_hash));
     EXPECT_EQ(1u, m_delivered);
+}
+
+/* A bundle is delivered record by record only if every record fits */
+UCS_TEST_P(test_usnic_iface_malformed, bundles_checked) {
+    const uct_usnic_channel_id_t data = UCT_USNIC_CHANNEL_DATA;
+    const size_t lengths[]            = {0, 5, 8};
+
+    /* Header, records of the given lengths, open trailer */
+    auto bundle = [this](const std::vector<size_t> &rec_lengths) {
+        am_datagram dgram = am();
+        std::vector<uint8_t> bytes(sizeof(dgram.hdr));
+
+        dgram.hdr.type  = UCT_USNIC_PKT_BUNDLE;
+        dgram.hdr.am_id = 0;
+        memcpy(&bytes[0], &dgram.hdr, sizeof(dgram.hdr));
+        for (size_t length : rec_lengths) {
+            uct_usnic_bundle_rec_t rec = {AM_ID, 0, (uint16_t)length};
+            const uint8_t *p           = (const uint8_t*)&rec;
+            bytes.insert(bytes.end(), p, p + sizeof(rec));
+            bytes.insert(bytes.end(), length, 0x5a);
+        }
+        const uint8_t *p = (const uint8_t*)&dgram.open;
+        bytes.insert(bytes.end(), p, p + sizeof(dgram.open));
+        return bytes;
+    };
+    size_t rec_offset = sizeof(uct_usnic_hdr_t);
+    std::vector<uint8_t> bytes;
+
+    bytes = bundle({lengths, lengths + 3});
+    send_and_wait(data, &bytes[0], bytes.size());
+    EXPECT_EQ(3u, m_delivered);
+    EXPECT_EQ(0u, drops(UCT_USNIC_RX_DROP_INVALID));
+
+    bytes = bundle({4});
+    bytes[rec_offset + offsetof(uct_usnic_bundle_rec_t, length)] = 5;
+    expect_invalid(data, &bytes[0], bytes.size(), "record past the body");
+
+    bytes = bundle({4});
+    bytes[rec_offset + offsetof(uct_usnic_bundle_rec_t, length)] = 3;
+    expect_invalid(data, &bytes[0], bytes.size(), "bytes after the records");
+
+    bytes = bundle({4});
+    bytes[rec_offset + offsetof(uct_usnic_bundle_rec_t, am_id)] =
+            UCT_AM_ID_MAX;
+    expect_invalid(data, &bytes[0], bytes.size(), "record AM id");
+
+    bytes = bundle({4});
+    bytes[rec_offset + offsetof(uct_usnic_bundle_rec_t, reserved)] = 1;
+    expect_invalid(data, &bytes[0], bytes.size(), "reserved byte");
+
+    bytes = bundle({4});
+    bytes[offsetof(uct_usnic_hdr_t, flags)] &= ~UCT_USNIC_PKT_FLAG_LAST;
+    expect_invalid(data, &bytes[0], bytes.size(), "part of a message");
+
+    bytes = bundle({4});
+    bytes[offsetof(uct_usnic_hdr_t, am_id)] = AM_ID;
+    expect_invalid(data, &bytes[0], bytes.size(), "bundle with an AM id");
+
+    bytes = bundle({});
+    expect_invalid(data, &bytes[0], bytes.size(), "no record");
+
+    EXPECT_EQ(3u, m_delivered);
 }
 
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_iface_malformed, usnic)

@@ -1,0 +1,153 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#ifdef HAVE_CONFIG_H
+#  include "config.h"
+#endif
+
+#include "usnic_ep.h"
+
+#include <uct/base/uct_iov.inl>
+
+
+/*
+ * A short AM waits for company only while the peer has not acknowledged
+ * the ep's previous datagrams and the newest of them left a moment ago:
+ * the application posts faster than the wire takes its messages. A lone
+ * message always goes at once.
+ */
+static UCS_F_ALWAYS_INLINE int
+uct_usnic_bundle_may_wait(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
+                          ucs_time_t now)
+{
+    return (ep->tx_count > 0) &&
+           ((ep->last_tx_time + iface->config.bundle_delay) > now);
+}
+
+static ucs_status_t uct_usnic_bundle_open(uct_usnic_iface_t *iface,
+                                          uct_usnic_ep_t *ep, ucs_time_t now)
+{
+    uct_usnic_tx_desc_t *desc;
+    ucs_status_t status;
+
+    status = uct_usnic_ep_send_check(ep, 1);
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    desc = ucs_mpool_get_inline(&iface->tx_mp);
+    if (desc == NULL) {
+        return UCS_ERR_NO_RESOURCE;
+    }
+
+    ++iface->tx_outstanding;
+    desc->length    = 0; /* Of the body, until it is sent */
+    ep->bundle      = desc;
+    ep->bundle_time = now;
+    ucs_list_add_tail(&iface->bundle_eps, &ep->bundle_list);
+    return UCS_OK;
+}
+
+ucs_status_t uct_usnic_bundle_am(uct_usnic_ep_t *ep, uint8_t id,
+                                 const uint64_t *header, const uct_iov_t *iov,
+                                 size_t iovcnt, size_t length)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    size_t rec_len           = sizeof(uct_usnic_bundle_rec_t) + length;
+    ucs_time_t now           = ucs_get_time();
+    uct_usnic_bundle_rec_t *rec;
+    ucs_iov_iter_t iov_iter;
+    ucs_status_t status;
+    void *data;
+
+    if (rec_len > iface->config.max_payload) {
+        return UCS_ERR_UNSUPPORTED;
+    }
+
+    uct_usnic_iface_enter(iface);
+    if ((ep->bundle != NULL) &&
+        (((ep->bundle->length + rec_len) > iface->config.max_payload) ||
+         ((now - ep->bundle_time) >= iface->config.bundle_delay))) {
+        uct_usnic_bundle_send(ep);
+    }
+
+    if (ep->bundle != NULL) {
+        status = uct_usnic_ep_send_check(ep, 0);
+    } else if (uct_usnic_bundle_may_wait(iface, ep, now)) {
+        status = uct_usnic_bundle_open(iface, ep, now);
+    } else {
+        status = UCS_ERR_UNSUPPORTED;
+    }
+
+    if (status != UCS_OK) {
+        uct_usnic_iface_leave(iface);
+        return status;
+    }
+
+    rec           = UCS_PTR_BYTE_OFFSET(uct_usnic_tx_desc_hdr(iface,
+                                                              ep->bundle) + 1,
+                                        ep->bundle->length);
+    rec->am_id    = id;
+    rec->reserved = 0;
+    rec->length   = length;
+    data          = rec + 1;
+    if (header != NULL) {
+        memcpy(data, header, sizeof(*header));
+    }
+    ucs_iov_iter_init(&iov_iter);
+    uct_iov_to_buffer(iov, iovcnt, &iov_iter,
+                      UCS_PTR_BYTE_OFFSET(data, (header != NULL) ?
+                                                sizeof(*header) : 0),
+                      SIZE_MAX);
+    ep->bundle->length += rec_len;
+    ++iface->stats.tx_bundled;
+    uct_usnic_iface_leave(iface);
+
+    uct_iface_trace_am(&iface->super, UCT_AM_TRACE_TYPE_SEND, id, data,
+                       length, "TX: AM_SHORT (bundled)");
+    UCT_TL_EP_STAT_OP(&ep->super, AM, SHORT, length);
+    return UCS_OK;
+}
+
+void uct_usnic_bundle_send(uct_usnic_ep_t *ep)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uct_usnic_tx_desc_t *desc = ep->bundle;
+
+    ep->bundle = NULL;
+    ucs_list_del(&ep->bundle_list);
+    --iface->tx_outstanding; /* Counted again as a packet of the window */
+    uct_usnic_tx_post(ep, desc, UCT_USNIC_PKT_BUNDLE, 0,
+                      UCT_USNIC_PKT_FLAG_FIRST | UCT_USNIC_PKT_FLAG_LAST,
+                      desc->length);
+}
+
+void uct_usnic_bundle_progress(uct_usnic_iface_t *iface, int all)
+{
+    ucs_time_t now = ucs_get_time();
+    uct_usnic_ep_t *ep, *tmp;
+
+    ucs_list_for_each_safe(ep, tmp, &iface->bundle_eps, bundle_list) {
+        if (all || (ep->tx_count == 0) ||
+            ((now - ep->bundle_time) >= iface->config.bundle_delay)) {
+            uct_usnic_bundle_send(ep);
+        }
+    }
+}
+
+void uct_usnic_bundle_discard(uct_usnic_ep_t *ep)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+
+    if (ep->bundle == NULL) {
+        return;
+    }
+
+    ucs_list_del(&ep->bundle_list);
+    ucs_mpool_put_inline(ep->bundle);
+    ep->bundle = NULL;
+    --iface->tx_outstanding;
+}
