@@ -70,7 +70,8 @@ ucs_status_t uct_usnic_bundle_am(uct_usnic_ep_t *ep, uint8_t id,
     uct_usnic_iface_enter(iface);
     if ((ep->bundle != NULL) &&
         (((ep->bundle->length + rec_len) > iface->config.max_payload) ||
-         ((now - ep->bundle_time) >= iface->config.bundle_delay))) {
+         (uct_usnic_elapsed(now, ep->bundle_time) >=
+          iface->config.bundle_delay))) {
         uct_usnic_bundle_send(ep);
     }
 
@@ -132,7 +133,8 @@ void uct_usnic_bundle_progress(uct_usnic_iface_t *iface, int all)
 
     ucs_list_for_each_safe(ep, tmp, &iface->bundle_eps, bundle_list) {
         if (all || (ep->tx_count == 0) ||
-            ((now - ep->bundle_time) >= iface->config.bundle_delay)) {
+            (uct_usnic_elapsed(now, ep->bundle_time) >=
+             iface->config.bundle_delay)) {
             uct_usnic_bundle_send(ep);
         }
     }

@@ -264,6 +264,18 @@ static UCS_F_ALWAYS_INLINE void uct_usnic_iface_leave(uct_usnic_iface_t *iface)
     UCS_ASYNC_UNBLOCK(iface->super.worker->async);
 }
 
+/*
+ * Time from then to now. The user's thread and the async thread read the
+ * clock on different cores, where a time the other thread has just taken
+ * may lie slightly ahead: that is no time, not the wrapped-around maximum
+ * (which would fail an ep for a peer timeout at once).
+ */
+static UCS_F_ALWAYS_INLINE ucs_time_t uct_usnic_elapsed(ucs_time_t now,
+                                                        ucs_time_t then)
+{
+    return (now > then) ? (now - then) : 0;
+}
+
 static UCS_F_ALWAYS_INLINE void
 uct_usnic_iface_drop(uct_usnic_iface_t *iface, uct_usnic_rx_drop_t reason)
 {

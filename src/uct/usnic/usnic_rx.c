@@ -412,7 +412,8 @@ void uct_usnic_rx_refused(uct_usnic_iface_t *iface, uint32_t in_addr,
 
     uct_usnic_iface_drop(iface, reasons[!!write][bad_range]);
     if ((iface->put_refused_logged != 0) &&
-        ((now - iface->put_refused_logged) < ucs_time_from_sec(1.0))) {
+        (uct_usnic_elapsed(now, iface->put_refused_logged) <
+         ucs_time_from_sec(1.0))) {
         ++iface->put_refused_unlogged;
         return;
     }
@@ -683,7 +684,8 @@ unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface, int all)
     ucs_list_for_each_safe(stream, tmp, &iface->ack_streams, ack_list) {
         if (!all && !stream->ack_now &&
             (stream->unacked < iface->config.ack_freq) &&
-            ((now - stream->unacked_since) < iface->config.ack_delay)) {
+            (uct_usnic_elapsed(now, stream->unacked_since) <
+             iface->config.ack_delay)) {
             continue;
         }
 

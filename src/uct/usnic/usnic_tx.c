@@ -418,7 +418,7 @@ static void uct_usnic_tx_handle_sack(uct_usnic_iface_t *iface,
         if ((offset < 64) && (sack & UCS_BIT(offset))) {
             desc->flags |= UCT_USNIC_TX_DESC_FLAG_SACKED;
         } else if (!(desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED) &&
-                   ((now - desc->send_time) > ep->srtt)) {
+                   (uct_usnic_elapsed(now, desc->send_time) > ep->srtt)) {
             uct_usnic_tx_cwnd_loss(iface, ep, 0);
             uct_usnic_tx_resend(iface, ep, desc, now);
             --budget;
@@ -492,7 +492,8 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
     /* One sample per ACK, from the newest packet it covers. Progress
      * means the path works: drop the backoff of earlier timeouts */
     if ((acked > 0) && clean_sample) {
-        uct_usnic_tx_rtt_sample(iface, ep, now - sent_time);
+        uct_usnic_tx_rtt_sample(iface, ep,
+                                uct_usnic_elapsed(now, sent_time));
     } else if (acked > 0) {
         uct_usnic_tx_rto_reset(iface, ep);
     }
@@ -521,7 +522,7 @@ static UCS_F_ALWAYS_INLINE int
 uct_usnic_tx_ep_timed_out(const uct_usnic_iface_t *iface,
                           const uct_usnic_ep_t *ep, ucs_time_t now)
 {
-    return (now - ep->progress_time) > iface->config.timeout;
+    return uct_usnic_elapsed(now, ep->progress_time) > iface->config.timeout;
 }
 
 static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
@@ -558,7 +559,7 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
             continue;
         } else if (!checked) {
             checked = 1;
-            if ((now - desc->send_time) >= ep->rto) {
+            if (uct_usnic_elapsed(now, desc->send_time) >= ep->rto) {
                 resend_all = (desc->resends > 0);
                 uct_usnic_tx_cwnd_loss(iface, ep, 1);
                 ep->rto = ucs_min(ep->rto * 2, iface->config.rto_max);
