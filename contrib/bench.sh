@@ -122,15 +122,16 @@ udp_raw() {
 }
 
 # User-space CPU seconds of each side of an am_bw run, times the clock, per
-# datagram: "<sender cycles> <receiver cycles>"; every 8-byte message is
-# one datagram
+# datagram: "<sender cycles> <receiver cycles>"; bundling is off, so every
+# 8-byte message is one datagram
 cpu_hz=$(awk -F: '/^cpu MHz/ { print $2 * 1e6; exit }' /proc/cpuinfo)
 cycles_per_dgram() {
     local variant=$1 count=$2 log=${logs}/cycles_$1 pt
     # shellcheck disable=SC2016 # expanded by the inner shell
     local timed='"$@"; rc=$?; times; exit $rc'
     # shellcheck disable=SC2046
-    pt=(env $(variant_env "${variant}") "${usnic_bin}/ucx_perftest"
+    pt=(env $(variant_env "${variant}") UCX_USNIC_BUNDLE_DELAY=0
+        "${usnic_bin}/ucx_perftest"
         -x "$(variant_tl "${variant}")" -d "${dev}" -p "${port}")
     usnic_pair_run "${log}" t "${port}" bash -c "${timed}" timed "${pt[@]}" \
         -- bash -c "${timed}" timed "${pt[@]}" @ADDR@ -t am_bw -D short \
@@ -294,9 +295,9 @@ table "UCP tag_bw, 1 MiB messages (MB/s; higher is better; vs tcp)" \
     MB/s "${r[2]}" "${r[@]}"
 
 echo
-echo "User-space cycles per datagram, am_bw 8-byte messages (user CPU time" \
-     "of each side x ${cpu_hz} Hz / datagrams; both sides poll, so idle" \
-     "polling counts too)"
+echo "User-space cycles per datagram, am_bw 8-byte messages, bundling off" \
+     "(user CPU time of each side x ${cpu_hz} Hz / datagrams; both sides" \
+     "poll, so idle polling counts too)"
 printf '| %-28s | %10s | %10s |\n' "provider" "sending" "receiving"
 printf '|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..30})" "------------" \
     "------------"

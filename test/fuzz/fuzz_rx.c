@@ -644,7 +644,10 @@ static void uct_usnic_fuzz_write_seeds(const char *dir)
     uct_usnic_put_ext_t put  = {.secret = 0, .address = 16, .rkey_id = 0,
                                 .length = 64, .offset = 0};
     uint8_t body[1400 + sizeof(put)];
+    uct_usnic_bundle_rec_t bundle_rec = {0};
+    uint8_t bundle[3 * (sizeof(bundle_rec) + 8)] = {0};
     uct_usnic_hdr_t bad_hdr;
+    unsigned i;
     static uct_usnic_fuzz_seed_t seed;
 
     memset(body, 0x33, sizeof(body));
@@ -703,6 +706,22 @@ static void uct_usnic_fuzz_write_seeds(const char *dir)
                               UCT_USNIC_FUZZ_KEEP_AM_ID + 1, 0, 3, NULL, 1400,
                               0);
     uct_usnic_fuzz_seed_write(dir, "am-keep", &seed);
+
+    /* A bundle of three short AMs opening the stream, then a bundle inside
+     * a fragmented message */
+    for (i = 0; i < 3; ++i) {
+        bundle_rec.am_id  = i;
+        bundle_rec.length = 8;
+        memcpy(bundle + (i * (sizeof(bundle_rec) + 8)), &bundle_rec,
+               sizeof(bundle_rec));
+    }
+    uct_usnic_fuzz_seed_dgram(&seed, R, UCT_USNIC_PKT_BUNDLE, single | open,
+                              0, none, 1, bundle, sizeof(bundle), 0);
+    uct_usnic_fuzz_seed_dgram(&seed, R, AM, UCT_USNIC_PKT_FLAG_FIRST, 1, 0, 2,
+                              NULL, 100, 0);
+    uct_usnic_fuzz_seed_dgram(&seed, R, UCT_USNIC_PKT_BUNDLE, single, 0, 0, 3,
+                              bundle, sizeof(bundle), 0);
+    uct_usnic_fuzz_seed_write(dir, "bundle", &seed);
 
     /* AM with a piggy-backed ACK for the target's ep to the other iface */
     uct_usnic_fuzz_seed_dgram(&seed, R, AM,

@@ -6,6 +6,7 @@
 
 #include <common/test.h>
 #include <uct/uct_test.h>
+#include "usnic_test.h"
 
 extern "C" {
 #include <uct/usnic/usnic_ep.h>
@@ -179,23 +180,12 @@ protected:
         size_t max_hdr = ucs_min(length,
                                  m_receiver->iface_attr().cap.am.max_hdr);
         size_t header  = ucs::rand() % (max_hdr + 1);
-        size_t iovcnt  = 1 + ucs::rand() %
-                             m_receiver->iface_attr().cap.am.max_iov;
-        std::vector<uct_iov_t> iov(iovcnt);
-        size_t offset  = header;
-
-        for (size_t i = 0; i < iovcnt; ++i) {
-            iov[i].buffer = &zsend.buffer[offset];
-            iov[i].length = (i == (iovcnt - 1)) ? (length - offset) :
-                            ucs::rand() % (length - offset + 1);
-            iov[i].memh   = UCT_MEM_HANDLE_NULL;
-            iov[i].stride = 0;
-            iov[i].count  = 1;
-            offset       += iov[i].length;
-        }
+        std::vector<uct_iov_t> iov = usnic_test::random_iov(
+                &zsend.buffer[header], length - header,
+                m_receiver->iface_attr().cap.am.max_iov);
 
         return uct_ep_am_zcopy(sender->ep(0), AM_ID, &zsend.buffer[0], header,
-                               &iov[0], iovcnt, 0, &zsend);
+                               &iov[0], iov.size(), 0, &zsend);
     }
 
     /* Send one message of the given size, progressing until it is taken */
@@ -297,6 +287,15 @@ protected:
         return m_receiver->iface_attr().cap.am.max_zcopy;
     }
 
+    /* Message sizes at the edges of one and two datagrams, up to max */
+    std::vector<size_t> sizes_around_datagrams(size_t max) const
+    {
+        size_t datagram = receiver_iface()->config.max_payload;
+
+        return {sizeof(message), sizeof(message) + 1, datagram - 1, datagram,
+                datagram + 1, 2 * datagram, 2 * datagram + 1, max - 1, max};
+    }
+
     entity                      *m_receiver;
     std::vector<uint32_t>       m_next_seq;
     std::map<uint32_t, uint32_t> m_expected_seq;
@@ -337,27 +336,19 @@ UCS_TEST_P(test_usnic_am, short_sizes) {
 
 UCS_TEST_P(test_usnic_am, bcopy_sizes) {
     entity *sender = add_sender();
-    size_t datagram = receiver_iface()->config.max_payload;
-    size_t sizes[]  = {sizeof(message), sizeof(message) + 1, datagram - 1,
-                       datagram, datagram + 1, 2 * datagram,
-                       2 * datagram + 1, max_bcopy() - 1, max_bcopy()};
 
-    for (size_t size : sizes) {
-        send(sender, 0, size, true);
+    for (size_t size : sizes_around_datagrams(max_bcopy())) {
+        send(sender, 0, size, SEND_BCOPY);
     }
     wait_all_received();
 }
 
 UCS_TEST_P(test_usnic_am, zcopy_sizes) {
-    entity *sender  = add_sender();
-    size_t datagram = receiver_iface()->config.max_payload;
-    size_t sizes[]  = {sizeof(message), sizeof(message) + 1, datagram - 1,
-                       datagram, datagram + 1, 2 * datagram,
-                       2 * datagram + 1, max_zcopy() - 1, max_zcopy()};
+    entity *sender = add_sender();
 
     EXPECT_TRUE(m_receiver->iface_attr().cap.flags & UCT_IFACE_FLAG_AM_ZCOPY);
     for (int round = 0; round < 20; ++round) {
-        for (size_t size : sizes) {
+        for (size_t size : sizes_around_datagrams(max_zcopy())) {
             send(sender, 0, size, SEND_ZCOPY);
         }
     }

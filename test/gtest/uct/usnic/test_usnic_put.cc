@@ -6,6 +6,7 @@
 
 #include <common/test.h>
 #include <uct/uct_test.h>
+#include "usnic_test.h"
 
 extern "C" {
 #include <uct/usnic/usnic_ep.h>
@@ -137,10 +138,6 @@ protected:
                    size_t length)
     {
         ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(60);
-        size_t iovcnt       = 1 + ucs::rand() %
-                                  m_sender->iface_attr().cap.put.max_iov;
-        std::vector<uct_iov_t> iov(iovcnt);
-        size_t offset       = 0;
         ucs_status_t status;
 
         m_zcopy_puts.emplace_back();
@@ -150,18 +147,12 @@ protected:
         zput.status     = UCS_OK;
         zput.calls      = 0;
         zput.data.assign(data, data + length);
-        for (size_t i = 0; i < iovcnt; ++i) {
-            iov[i].buffer = zput.data.data() + offset;
-            iov[i].length = (i == (iovcnt - 1)) ? (length - offset) :
-                            ucs::rand() % (length - offset + 1);
-            iov[i].memh   = UCT_MEM_HANDLE_NULL;
-            iov[i].stride = 0;
-            iov[i].count  = 1;
-            offset       += iov[i].length;
-        }
+        std::vector<uct_iov_t> iov = usnic_test::random_iov(
+                zput.data.data(), length,
+                m_sender->iface_attr().cap.put.max_iov);
 
         do {
-            status = uct_ep_put_zcopy(m_sender->ep(0), &iov[0], iovcnt,
+            status = uct_ep_put_zcopy(m_sender->ep(0), &iov[0], iov.size(),
                                       address, rkey, &zput);
             if (status == UCS_ERR_NO_RESOURCE) {
                 progress();
