@@ -283,14 +283,19 @@ static void uct_usnic_ep_post_msg(uct_usnic_ep_t *ep,
             body = UCS_PTR_BYTE_OFFSET(body, ext_len);
         }
 
+        /* Header and data may be NULL where their length is 0 */
         hdr_len = (offset < msg->header_length) ?
                   ucs_min(msg->header_length - offset, frag_len) : 0;
-        memcpy(body, UCS_PTR_BYTE_OFFSET(msg->header, offset), hdr_len);
+        if (hdr_len > 0) {
+            memcpy(body, UCS_PTR_BYTE_OFFSET(msg->header, offset), hdr_len);
+        }
         if (msg->iov == NULL) {
-            memcpy(UCS_PTR_BYTE_OFFSET(body, hdr_len),
-                   UCS_PTR_BYTE_OFFSET(msg->data,
-                                       offset + hdr_len - msg->header_length),
-                   frag_len - hdr_len);
+            if (frag_len > hdr_len) {
+                memcpy(UCS_PTR_BYTE_OFFSET(body, hdr_len),
+                       UCS_PTR_BYTE_OFFSET(msg->data, offset + hdr_len -
+                                                      msg->header_length),
+                       frag_len - hdr_len);
+            }
             uct_usnic_tx_queue(ep, desc, type, msg->am_id, flags,
                                ext_len + frag_len);
         } else {

@@ -309,7 +309,9 @@ void uct_usnic_tx_window_purge(uct_usnic_ep_t *ep, ucs_status_t status)
     ucs_queue_head_init(&window);
     ucs_queue_splice(&window, &ep->window);
     ep->acked_psn = ep->next_psn - 1;
-    ucs_queue_for_each_extract(desc, &window, queue, 1) {
+    while (!ucs_queue_is_empty(&window)) {
+        desc = ucs_queue_pull_elem_non_empty(&window, uct_usnic_tx_desc_t,
+                                             queue);
         uct_usnic_tx_desc_release(iface, ep, desc, status);
     }
     uct_usnic_get_purge(ep, status);
