@@ -57,16 +57,21 @@ ucs_status_t uct_usnic_bundle_am(uct_usnic_ep_t *ep, uint8_t id,
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     size_t rec_len           = sizeof(uct_usnic_bundle_rec_t) + length;
-    ucs_time_t now           = ucs_get_time();
     uct_usnic_bundle_rec_t *rec;
+    ucs_time_t now;
     ucs_iov_iter_t iov_iter;
     ucs_status_t status;
     void *data;
 
-    if (rec_len > iface->config.max_payload) {
+    /* Nothing in flight and no bundle: the message goes alone, decided
+     * without the lock (only this thread opens bundles, and the async one
+     * never adds packets to an ep without one) */
+    if ((rec_len > iface->config.max_payload) ||
+        ((ep->bundle == NULL) && (ep->tx_count == 0))) {
         return UCS_ERR_UNSUPPORTED;
     }
 
+    now = ucs_get_time();
     uct_usnic_iface_enter(iface);
     if ((ep->bundle != NULL) &&
         (((ep->bundle->length + rec_len) > iface->config.max_payload) ||
