@@ -16,7 +16,8 @@
 
 enum {
     UCT_USNIC_TX_DESC_FLAG_SACKED  = UCS_BIT(0), /* Peer has it, out of order */
-    UCT_USNIC_TX_DESC_FLAG_UNSENT  = UCS_BIT(1)  /* Send queue was full */
+    UCT_USNIC_TX_DESC_FLAG_UNSENT  = UCS_BIT(1), /* Send queue was full */
+    UCT_USNIC_TX_DESC_FLAG_PROBED  = UCS_BIT(2)  /* Resent as a tail probe */
 };
 
 

@@ -400,7 +400,8 @@ static void uct_usnic_tx_resend(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
 
 /*
  * Selective ACK: mark what arrived beyond the first hole, and resend every
- * hole below the highest PSN that arrived, at most once per round trip.
+ * hole below the highest PSN that arrived: once a round trip after it was
+ * sent, again only once the resent copy is overdue.
  */
 static void uct_usnic_tx_handle_sack(uct_usnic_iface_t *iface,
                                      uct_usnic_ep_t *ep, uint64_t sack,
@@ -408,6 +409,10 @@ static void uct_usnic_tx_handle_sack(uct_usnic_iface_t *iface,
 {
     uct_usnic_psn_t highest = ep->acked_psn + 2 + ucs_ilog2(sack);
     unsigned budget         = iface->config.max_resend;
+    /* A resent copy makes its round trip behind whatever the peer still
+     * has to process: resent again after one smoothed round trip, half the
+     * copies were still on their way */
+    ucs_time_t resent_wait  = ep->srtt + 4 * ep->rttvar;
     uct_usnic_tx_desc_t *desc;
     uct_usnic_psn_t offset;
 
@@ -420,7 +425,8 @@ static void uct_usnic_tx_handle_sack(uct_usnic_iface_t *iface,
         if ((offset < 64) && (sack & UCS_BIT(offset))) {
             desc->flags |= UCT_USNIC_TX_DESC_FLAG_SACKED;
         } else if (!(desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED) &&
-                   (uct_usnic_elapsed(now, desc->send_time) > ep->srtt)) {
+                   (uct_usnic_elapsed(now, desc->send_time) >
+                    ((desc->resends == 0) ? ep->srtt : resent_wait))) {
             uct_usnic_tx_cwnd_loss(iface, ep, 0);
             uct_usnic_tx_resend(iface, ep, desc, now);
             --budget;
@@ -510,15 +516,6 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
     ucs_arbiter_group_schedule(&iface->arbiter, &ep->arb_group);
 }
 
-/*
- * Send what the send queue refused earlier. When the oldest datagram the
- * peer does not have times out, resend it and back off. Should that happen
- * again before any progress, resend also those after it that the peer is
- * not known to have, as many as the congestion window (now at its minimum)
- * allows: losses at the tail of a burst leave no later datagram whose ACK
- * would tell about them. A single timeout costs one datagram, which keeps
- * spurious ones (a descheduled receiver) cheap.
- */
 /* The peer acknowledged nothing new for the peer timeout */
 static UCS_F_ALWAYS_INLINE int
 uct_usnic_tx_ep_timed_out(const uct_usnic_iface_t *iface,
@@ -527,12 +524,56 @@ uct_usnic_tx_ep_timed_out(const uct_usnic_iface_t *iface,
     return uct_usnic_elapsed(now, ep->progress_time) > iface->config.timeout;
 }
 
+/*
+ * Tail-loss probe: the newest datagram the peer is not known to have, resent
+ * once with ACK_REQ. The ACK it draws tells at once what is missing, where
+ * waiting for the retransmission timeout (at least RTO_MIN, 1 ms by default)
+ * made each burst lost at its tail cost dozens of round trips.
+ */
+static unsigned uct_usnic_tx_tail_probe(uct_usnic_iface_t *iface,
+                                        uct_usnic_ep_t *ep, ucs_time_t now)
+{
+    uct_usnic_tx_desc_t *desc, *tail = NULL;
+
+    ucs_queue_for_each(desc, &ep->window, queue) {
+        if (!(desc->flags & (UCT_USNIC_TX_DESC_FLAG_SACKED |
+                             UCT_USNIC_TX_DESC_FLAG_UNSENT))) {
+            tail = desc;
+        }
+    }
+
+    if ((tail == NULL) || (tail->flags & UCT_USNIC_TX_DESC_FLAG_PROBED)) {
+        return 0;
+    }
+
+    tail->flags                              |= UCT_USNIC_TX_DESC_FLAG_PROBED;
+    uct_usnic_tx_desc_hdr(iface, tail)->flags |= UCT_USNIC_PKT_FLAG_ACK_REQ;
+    ++iface->stats.tx_tail_probes;
+    uct_usnic_tx_resend(iface, ep, tail, now);
+    return 1;
+}
+
+/*
+ * Send what the send queue refused earlier. When the oldest datagram the
+ * peer does not have times out, resend it and back off, together with every
+ * later one that has waited as long: a burst lost at its tail leaves no
+ * later datagram whose ACK would report it, and resending its datagrams one
+ * per timer check made each lost burst cost a timer check per datagram.
+ * Should the oldest time out again before any progress, resend also those
+ * after it that the peer is not known to have, as many as the congestion
+ * window (now at its minimum) allows.
+ */
 static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
                                        uct_usnic_ep_t *ep, ucs_time_t now,
                                        unsigned budget)
 {
+    ucs_time_t rto = ep->rto;
+    /* The receiver may hold its ACK for ACK_DELAY */
+    ucs_time_t pto = 2 * ep->srtt + iface->config.ack_delay;
     unsigned count = 0;
     int resend_all = 0;
+    int expired    = 0;
+    int probe      = 0;
     int checked    = 0;
     uct_usnic_tx_desc_t *desc;
 
@@ -547,7 +588,7 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
 
     ucs_queue_for_each(desc, &ep->window, queue) {
         if ((count >= budget) ||
-            (checked && !resend_all && (ep->unsent == 0))) {
+            (checked && !expired && (ep->unsent == 0))) {
             break;
         }
 
@@ -561,18 +602,31 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
             continue;
         } else if (!checked) {
             checked = 1;
-            if (uct_usnic_elapsed(now, desc->send_time) >= ep->rto) {
+            if (uct_usnic_elapsed(now, desc->send_time) >= rto) {
+                expired    = 1;
                 resend_all = (desc->resends > 0);
+                ++iface->stats.tx_timeouts;
                 uct_usnic_tx_cwnd_loss(iface, ep, 1);
                 ep->rto = ucs_min(ep->rto * 2, iface->config.rto_max);
                 budget  = ucs_min(budget, count + ep->cwnd);
                 uct_usnic_tx_resend(iface, ep, desc, now);
                 ++count;
+            } else {
+                /* Its ACK is late, and so is any ACK for what came after
+                 * it: maybe nothing after it arrived to draw one */
+                probe = (uct_usnic_elapsed(now, desc->send_time) >= pto) &&
+                        (uct_usnic_elapsed(now, ep->progress_time) >= pto);
             }
-        } else if (resend_all) {
+        } else if (expired &&
+                   (resend_all ||
+                    (uct_usnic_elapsed(now, desc->send_time) >= rto))) {
             uct_usnic_tx_resend(iface, ep, desc, now);
             ++count;
         }
+    }
+
+    if (probe && (count < budget)) {
+        count += uct_usnic_tx_tail_probe(iface, ep, now);
     }
 
     return count;

@@ -957,6 +957,37 @@ UCS_TEST_P(test_usnic_faults, sequence_numbers_wrap) {
     EXPECT_GT(injected(sender, UCT_USNIC_FAULT_DROP), 0u);
 }
 
+/* A message lost whole, with nothing sent after it to report the loss: the
+ * tail probe brings the ACK that does, long before the retransmission
+ * timeout (1 s here) */
+UCS_TEST_P(test_usnic_faults, tail_loss_probe) {
+    entity *sender = start({{"FAULT_DROP", "1"},
+                            {"FAULT_CHANNELS", "data"},
+                            {"RTO_MIN", "1s"},
+                            {"RTO_MAX", "1s"}});
+    uct_usnic_iface_t *iface = usnic_iface(sender);
+    uct_usnic_fault_t *fault = iface->channels[UCT_USNIC_CHANNEL_DATA].fault;
+    uct_usnic_fault_t *receiver_fault =
+            usnic_iface(m_receiver)->channels[UCT_USNIC_CHANNEL_DATA].fault;
+
+    ASSERT_NE(nullptr, fault);
+    receiver_fault->prob[UCT_USNIC_FAULT_DROP] = 0;
+    fault->prob[UCT_USNIC_FAULT_DROP]          = 0;
+    send(sender, 0, max_bcopy(), SEND_BCOPY); /* Opens the stream */
+    wait_all_received();
+
+    fault->prob[UCT_USNIC_FAULT_DROP] = 1;
+    send(sender, 0, max_bcopy(), SEND_BCOPY);
+    fault->prob[UCT_USNIC_FAULT_DROP] = 0;
+    uint64_t dropped = injected(sender, UCT_USNIC_FAULT_DROP);
+    EXPECT_GT(dropped, 1u) << "the message was not several datagrams";
+
+    wait_all_received();
+    EXPECT_GE(iface->stats.tx_tail_probes, 1u);
+    EXPECT_EQ(0u, iface->stats.tx_timeouts);
+    EXPECT_GE(iface->stats.tx_resends, dropped);
+}
+
 /* For memory checkers: USNIC_TEST_STREAM_SECONDS (default 2) of streaming
  * under light faults, which exercise every recovery path */
 UCS_TEST_P(test_usnic_faults, timed_stream) {
