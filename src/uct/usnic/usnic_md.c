@@ -195,6 +195,41 @@ static ucs_status_t uct_usnic_fi_getinfo(const char *provider,
     return status;
 }
 
+/*
+ * The index-th domain of a getinfo list, counting each domain once whatever
+ * the number of fabrics, and skipping names too long for a device. Its MD is
+ * named after the provider and the index ("kernel_0"): the device carries the
+ * domain's name, and ucx_info -d so tells which provider runs each device.
+ */
+static const struct fi_info *uct_usnic_fi_domain(const struct fi_info *list,
+                                                 unsigned index, char *md_name)
+{
+    const struct fi_info *info, *prev;
+    unsigned count = 0;
+    const char *name;
+
+    for (info = list; info != NULL; info = info->next) {
+        name = info->domain_attr->name;
+        for (prev = list; prev != info; prev = prev->next) {
+            if (!strcmp(prev->domain_attr->name, name)) {
+                break;
+            }
+        }
+
+        if (prev != info) {
+            continue;
+        } else if (strlen(name) >= UCT_DEVICE_NAME_MAX) {
+            ucs_debug("skipping libfabric domain %s: name too long", name);
+        } else if (count++ == index) {
+            ucs_snprintf_zero(md_name, UCT_MD_NAME_MAX, "%s_%u",
+                              info->fabric_attr->prov_name, index);
+            return info;
+        }
+    }
+
+    return NULL;
+}
+
 static ucs_status_t
 uct_usnic_query_md_resources(uct_component_t *component,
                              uct_md_resource_desc_t **resources_p,
@@ -202,11 +237,10 @@ uct_usnic_query_md_resources(uct_component_t *component,
 {
     uct_md_resource_desc_t *resources = NULL;
     unsigned num_resources            = 0;
+    char md_name[UCT_MD_NAME_MAX];
     uct_usnic_md_config_t *md_config;
-    struct fi_info *list, *info;
-    const char *name;
+    struct fi_info *list;
     ucs_status_t status;
-    unsigned i;
 
     status = uct_md_config_read(component, NULL, NULL,
                                 (uct_md_config_t**)&md_config);
@@ -222,23 +256,7 @@ uct_usnic_query_md_resources(uct_component_t *component,
         return status;
     }
 
-    for (info = list; info != NULL; info = info->next) {
-        name = info->domain_attr->name;
-        for (i = 0; i < num_resources; ++i) {
-            if (!strcmp(resources[i].md_name, name)) {
-                break;
-            }
-        }
-
-        if (i < num_resources) {
-            continue; /* one MD per domain, whatever the number of fabrics */
-        }
-
-        if (strlen(name) >= UCT_MD_NAME_MAX) {
-            ucs_debug("skipping libfabric domain %s: name too long", name);
-            continue;
-        }
-
+    while (uct_usnic_fi_domain(list, num_resources, md_name) != NULL) {
         resources = ucs_realloc(resources,
                                 sizeof(*resources) * (num_resources + 1),
                                 "usnic_md_resources");
@@ -248,7 +266,7 @@ uct_usnic_query_md_resources(uct_component_t *component,
             return UCS_ERR_NO_MEMORY;
         }
 
-        ucs_strncpy_zero(resources[num_resources++].md_name, name,
+        ucs_strncpy_zero(resources[num_resources++].md_name, md_name,
                          UCT_MD_NAME_MAX);
     }
 
@@ -540,6 +558,47 @@ static ucs_status_t uct_usnic_md_open_domain(uct_usnic_md_t *md)
     return UCS_OK;
 }
 
+/* The domain of the MD named md_name, as uct_usnic_query_md_resources
+ * named it */
+static ucs_status_t uct_usnic_md_getinfo(const char *provider,
+                                         const char *md_name,
+                                         struct fi_info **info_p)
+{
+    char domain[UCT_DEVICE_NAME_MAX], name[UCT_MD_NAME_MAX];
+    const struct fi_info *info;
+    struct fi_info *list;
+    ucs_status_t status;
+    unsigned index;
+
+    status = uct_usnic_fi_getinfo(provider, NULL, &list);
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    for (index = 0; (info = uct_usnic_fi_domain(list, index, name)) != NULL;
+         ++index) {
+        if (!strcmp(name, md_name)) {
+            break;
+        }
+    }
+
+    if (info == NULL) {
+        fi_freeinfo(list);
+        ucs_error("usnic: no memory domain %s with UCX_USNIC_PROVIDER=%s",
+                  md_name, provider);
+        return UCS_ERR_NO_DEVICE;
+    }
+
+    ucs_strncpy_zero(domain, info->domain_attr->name, sizeof(domain));
+    fi_freeinfo(list);
+    status = uct_usnic_fi_getinfo(provider, domain, info_p);
+    if (status == UCS_ERR_NO_DEVICE) {
+        ucs_error("usnic: datagram domain %s (provider %s) is gone", domain,
+                  provider);
+    }
+    return status;
+}
+
 static ucs_status_t
 uct_usnic_md_open(uct_component_t *component, const char *md_name,
                   const uct_md_config_t *uct_md_config, uct_md_h *md_p)
@@ -555,12 +614,8 @@ uct_usnic_md_open(uct_component_t *component, const char *md_name,
         return UCS_ERR_NO_MEMORY;
     }
 
-    status = uct_usnic_fi_getinfo(md_config->provider, md_name, &md->info);
-    if (status == UCS_ERR_NO_DEVICE) {
-        ucs_error("usnic: no datagram domain %s (provider %s)", md_name,
-                  md_config->provider);
-        goto err_free_md;
-    } else if (status != UCS_OK) {
+    status = uct_usnic_md_getinfo(md_config->provider, md_name, &md->info);
+    if (status != UCS_OK) {
         goto err_free_md;
     }
 
@@ -582,8 +637,9 @@ uct_usnic_md_open(uct_component_t *component, const char *md_name,
     md->super.component  = &uct_usnic_component;
     *md_p                = &md->super;
 
-    ucs_debug("usnic md %s: provider %s fabric %s", md_name,
-              md->info->fabric_attr->prov_name, md->info->fabric_attr->name);
+    ucs_debug("usnic md %s: provider %s fabric %s domain %s", md_name,
+              md->info->fabric_attr->prov_name, md->info->fabric_attr->name,
+              md->info->domain_attr->name);
     return UCS_OK;
 
 err_close_domain:

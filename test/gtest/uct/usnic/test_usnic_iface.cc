@@ -144,11 +144,17 @@ UCS_TEST_P(test_usnic_iface, md_and_device) {
     EXPECT_TRUE(md_attr.cap.flags & UCT_MD_FLAG_REG);
     EXPECT_TRUE(md_attr.cap.reg_mem_types & UCS_BIT(UCS_MEMORY_TYPE_HOST));
 
-    /* One device per MD, named like the libfabric domain */
+    /* One device per MD, named like the libfabric domain; the MD is named
+     * after the provider, which ucx_info -d so shows */
+    const uct_usnic_md_t *md = ucs_derived_of(m_entity->md(), uct_usnic_md_t);
+    std::string provider(md->info->fabric_attr->prov_name);
+    EXPECT_EQ(0u, GetParam()->md_name.rfind(provider + "_", 0))
+            << "md " << GetParam()->md_name << ", provider " << provider;
     ASSERT_UCS_OK(uct_md_query_tl_resources(m_entity->md(), &resources,
                                             &num_resources));
     ASSERT_EQ(1u, num_resources);
-    EXPECT_EQ(GetParam()->md_name, std::string(resources[0].dev_name));
+    EXPECT_EQ(std::string(md->info->domain_attr->name),
+              std::string(resources[0].dev_name));
     EXPECT_EQ(GetParam()->dev_name, std::string(resources[0].dev_name));
     EXPECT_EQ(UCT_DEVICE_TYPE_NET, resources[0].dev_type);
     EXPECT_EQ(std::string("usnic"), resources[0].tl_name);
