@@ -82,6 +82,46 @@ static ucs_status_t get_dev_addr(uct_iface_h iface, void *addr)
     return uct_iface_get_device_address(iface, addr);
 }
 
+/* The usnic MD with the device: MDs are named after the provider, devices
+ * after the interface */
+static uct_md_h md_open(uct_component_h component, const char *dev)
+{
+    uct_component_attr_t attr = {0};
+    uct_tl_resource_desc_t *tls;
+    uct_md_config_t *md_config;
+    unsigned i, j, num_tls;
+    uct_md_h md;
+
+    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
+    CHECK(uct_component_query(component, &attr));
+    attr.md_resources = calloc(attr.md_resource_count,
+                               sizeof(*attr.md_resources));
+    attr.field_mask   = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
+    CHECK(uct_component_query(component, &attr));
+    CHECK(uct_md_config_read(component, NULL, NULL, &md_config));
+
+    for (i = 0; i < attr.md_resource_count; ++i) {
+        CHECK(uct_md_open(component, attr.md_resources[i].md_name, md_config,
+                          &md));
+        CHECK(uct_md_query_tl_resources(md, &tls, &num_tls));
+        for (j = 0; (j < num_tls) && strcmp(tls[j].dev_name, dev); ++j) {
+        }
+        uct_release_tl_resource_list(tls);
+        if (j < num_tls) {
+            break;
+        }
+        uct_md_close(md);
+    }
+
+    uct_config_release(md_config);
+    free(attr.md_resources);
+    if (i == attr.md_resource_count) {
+        fprintf(stderr, "ep_memory: no usnic device %s\n", dev);
+        exit(1);
+    }
+    return md;
+}
+
 static ucs_status_t get_iface_addr(uct_iface_h iface, void *addr)
 {
     return uct_iface_get_address(iface, addr);
@@ -95,7 +135,6 @@ int main(int argc, char **argv)
     unsigned num_components;
     ucs_async_context_t *async;
     uct_worker_h worker;
-    uct_md_config_t *md_config;
     uct_md_h md;
     uct_iface_h sender, receiver;
     uct_iface_attr_t attr;
@@ -132,9 +171,7 @@ int main(int argc, char **argv)
 
     CHECK(ucs_async_context_create(UCS_ASYNC_MODE_THREAD_SPINLOCK, &async));
     CHECK(uct_worker_create(async, UCS_THREAD_MODE_SINGLE, &worker));
-    CHECK(uct_md_config_read(component, NULL, NULL, &md_config));
-    CHECK(uct_md_open(component, dev, md_config, &md));
-    uct_config_release(md_config);
+    md = md_open(component, dev);
 
     sender   = iface_open(md, worker, dev);
     receiver = iface_open(md, worker, dev);

@@ -799,6 +799,47 @@ static void uct_usnic_fuzz_write_seeds(const char *dir)
 
 static void uct_usnic_fuzz_cleanup(void);
 
+/* The MD of UCT_USNIC_FUZZ_DEV: MDs are named after the provider */
+static void uct_usnic_fuzz_md_open(const uct_md_config_t *md_config)
+{
+    uct_component_attr_t attr = {0};
+    uct_tl_resource_desc_t *tls;
+    unsigned i, j, num_tls;
+    ucs_status_t status;
+
+    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
+    status          = uct_component_query(uct_usnic_fuzz.component, &attr);
+    uct_usnic_fuzz_check_ok(status, "uct_component_query");
+    attr.md_resources = calloc(attr.md_resource_count,
+                               sizeof(*attr.md_resources));
+    attr.field_mask   = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
+    status            = uct_component_query(uct_usnic_fuzz.component, &attr);
+    uct_usnic_fuzz_check_ok(status, "uct_component_query");
+
+    for (i = 0; i < attr.md_resource_count; ++i) {
+        status = uct_md_open(uct_usnic_fuzz.component,
+                             attr.md_resources[i].md_name, md_config,
+                             &uct_usnic_fuzz.md);
+        uct_usnic_fuzz_check_ok(status, "uct_md_open");
+        status = uct_md_query_tl_resources(uct_usnic_fuzz.md, &tls, &num_tls);
+        uct_usnic_fuzz_check_ok(status, "uct_md_query_tl_resources");
+        for (j = 0; j < num_tls; ++j) {
+            if (!strcmp(tls[j].dev_name, UCT_USNIC_FUZZ_DEV)) {
+                break;
+            }
+        }
+        uct_release_tl_resource_list(tls);
+        if (j < num_tls) {
+            free(attr.md_resources);
+            return;
+        }
+        uct_md_close(uct_usnic_fuzz.md);
+    }
+
+    uct_usnic_fuzz_check(0, "no usnic memory domain has device "
+                         UCT_USNIC_FUZZ_DEV);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     const char *seed_dir = getenv("UCT_USNIC_FUZZ_WRITE_SEEDS");
@@ -847,10 +888,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     status = uct_md_config_read(uct_usnic_fuzz.component, NULL, NULL,
                                 &md_config);
     uct_usnic_fuzz_check_ok(status, "uct_md_config_read");
-    status = uct_md_open(uct_usnic_fuzz.component, UCT_USNIC_FUZZ_DEV,
-                         md_config, &uct_usnic_fuzz.md);
+    uct_usnic_fuzz_md_open(md_config);
     uct_config_release(md_config);
-    uct_usnic_fuzz_check_ok(status, "uct_md_open(" UCT_USNIC_FUZZ_DEV ")");
 
     status = uct_md_iface_config_read(uct_usnic_fuzz.md, UCT_USNIC_TL_NAME,
                                       NULL, NULL,
