@@ -32,6 +32,18 @@ static void uct_usnic_rx_schedule_ack(uct_usnic_iface_t *iface,
     }
 }
 
+static UCS_F_ALWAYS_INLINE int
+uct_usnic_rx_ack_due(const uct_usnic_iface_t *iface,
+                     const uct_usnic_rx_stream_t *stream, ucs_time_t now)
+{
+    return stream->ack_now || (stream->unacked >= iface->config.ack_freq) ||
+           (uct_usnic_elapsed(now, stream->unacked_since) >=
+            iface->config.ack_delay);
+}
+
+static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
+                                  uct_usnic_rx_stream_t *stream);
+
 /* Reorder ring slot of a PSN; the window is a power of two, so that PSNs
  * less than a window apart never share a slot, even across the wrap */
 static UCS_F_ALWAYS_INLINE unsigned
@@ -484,6 +496,11 @@ uct_usnic_rx_in_order(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
         uct_usnic_rx_put(iface, stream, hdr + 1, body_len);
         return UCS_OK;
     case UCT_USNIC_PKT_GET:
+        /* Each read served sends its whole reply: reads queued in one poll
+         * kept their ACKs past the requester's RTO */
+        if (uct_usnic_rx_ack_due(iface, stream, ucs_get_time())) {
+            uct_usnic_rx_send_ack(iface, stream);
+        }
         uct_usnic_get_serve(iface, stream, hdr + 1, body_len);
         return UCS_OK;
     case UCT_USNIC_PKT_GET_REPLY:
@@ -682,10 +699,7 @@ unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface, int all)
     unsigned count = 0;
 
     ucs_list_for_each_safe(stream, tmp, &iface->ack_streams, ack_list) {
-        if (!all && !stream->ack_now &&
-            (stream->unacked < iface->config.ack_freq) &&
-            (uct_usnic_elapsed(now, stream->unacked_since) <
-             iface->config.ack_delay)) {
+        if (!all && !uct_usnic_rx_ack_due(iface, stream, now)) {
             continue;
         }
 
