@@ -979,6 +979,7 @@ void uct_usnic_iface_peer_link(uct_usnic_iface_t *iface, uint32_t incarnation,
         peer->stream  = NULL;
         peer->num_eps = 0;
         peer->closed  = 0;
+        peer->closed_streams = 0;
     }
 
     if (ep != NULL) {
@@ -1015,7 +1016,8 @@ void uct_usnic_iface_peer_unlink(uct_usnic_iface_t *iface,
 
     peer = &kh_value(&iface->peers, iter);
     if (ep != NULL) {
-        peer->closed = (--peer->num_eps == 0);
+        peer->closed         = (--peer->num_eps == 0);
+        peer->closed_streams = iface->streams_opened;
     }
 
     if (((ep != NULL) && (peer->ep == ep)) ||
@@ -1038,12 +1040,15 @@ void uct_usnic_iface_peer_unlink(uct_usnic_iface_t *iface,
     }
 }
 
-int uct_usnic_iface_peer_closed(uct_usnic_iface_t *iface, uint32_t incarnation)
+int uct_usnic_iface_peer_closed(uct_usnic_iface_t *iface,
+                                const uct_usnic_rx_stream_t *stream)
 {
-    khiter_t iter = kh_get(uct_usnic_peers, &iface->peers, incarnation);
+    khiter_t iter = kh_get(uct_usnic_peers, &iface->peers,
+                           uct_usnic_rx_stream_peer(stream));
 
     return (iter != kh_end(&iface->peers)) &&
-           kh_value(&iface->peers, iter).closed;
+           kh_value(&iface->peers, iter).closed &&
+           (stream->open_seq < kh_value(&iface->peers, iter).closed_streams);
 }
 
 static void uct_usnic_iface_cleanup_tables(uct_usnic_iface_t *iface)
@@ -1171,6 +1176,7 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     ucs_ptr_array_init(&self->gets, "usnic_gets");
     self->num_gets         = 0;
     self->next_get_serial  = 1;
+    self->streams_opened   = 0;
     kh_init_inplace(uct_usnic_reply_eps, &self->reply_eps);
     kh_init_inplace(uct_usnic_streams, &self->stream_hash);
     kh_init_inplace(uct_usnic_peers, &self->peers);

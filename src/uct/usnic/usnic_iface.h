@@ -75,6 +75,10 @@ typedef struct uct_usnic_peer {
     struct uct_usnic_rx_stream *stream;
     unsigned                   num_eps; /* Our eps to the peer iface */
     int                        closed;  /* num_eps dropped to 0 */
+    uint64_t                   closed_streams; /* Streams opened before
+                                                  the close: later ones
+                                                  belong to a new
+                                                  connection */
 } uct_usnic_peer_t;
 
 KHASH_MAP_INIT_INT(uct_usnic_peers, uct_usnic_peer_t)
@@ -147,6 +151,7 @@ typedef struct uct_usnic_iface {
     uint32_t                next_ep_serial;
     ucs_ptr_array_t         streams;       /* stream id -> rx stream */
     khash_t(uct_usnic_streams) stream_hash; /* sender key -> stream id */
+    uint64_t                streams_opened; /* Ever, on this iface */
     khash_t(uct_usnic_peers) peers;        /* peer incarnation -> peer */
     ucs_arbiter_t           arbiter;       /* eps with pending requests */
     ucs_list_link_t         active_eps;    /* eps with unacked packets */
@@ -233,9 +238,10 @@ void uct_usnic_iface_peer_unlink(uct_usnic_iface_t *iface,
                                  uint32_t incarnation, struct uct_usnic_ep *ep,
                                  struct uct_usnic_rx_stream *stream);
 
-/* Whether this iface had eps to the peer iface and destroyed them all */
+/* Whether this iface had eps to the stream's sender iface and destroyed them
+ * all after the stream opened */
 int uct_usnic_iface_peer_closed(uct_usnic_iface_t *iface,
-                                uint32_t incarnation);
+                                const struct uct_usnic_rx_stream *stream);
 
 void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
                                const void *packet, size_t length);

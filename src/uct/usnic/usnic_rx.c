@@ -82,6 +82,7 @@ uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
     }
 
     stream->id           = ucs_ptr_array_insert(&iface->streams, stream);
+    stream->open_seq     = iface->streams_opened++;
     stream->key          = key;
     stream->src_ep_id    = open->src_ep_id;
     stream->src_in_addr  = open->src_in_addr;
@@ -484,8 +485,7 @@ uct_usnic_rx_in_order(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
     if (ucs_unlikely(hdr->type == UCT_USNIC_PKT_PROBE)) {
         /* Acknowledged like any packet, nothing to deliver. ep_check asks
          * whether the connection lives: not once this side closed it */
-        stream->closed_reply = uct_usnic_iface_peer_closed(
-                iface, uct_usnic_rx_stream_peer(stream));
+        stream->closed_reply = uct_usnic_iface_peer_closed(iface, stream);
         stream->ack_now     |= stream->closed_reply;
         return UCS_OK;
     }
@@ -667,7 +667,7 @@ static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
     packet.hdr.type             = UCT_USNIC_PKT_ACK;
     packet.hdr.flags            = 0;
     if (ucs_unlikely(stream->closed_reply) &&
-        uct_usnic_iface_peer_closed(iface, uct_usnic_rx_stream_peer(stream))) {
+        uct_usnic_iface_peer_closed(iface, stream)) {
         packet.hdr.flags        = UCT_USNIC_ACK_FLAG_CLOSED;
     }
     packet.hdr.am_id            = 0;

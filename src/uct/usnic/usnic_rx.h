@@ -29,6 +29,8 @@ typedef struct uct_usnic_am_buf {
 typedef struct uct_usnic_rx_stream {
     uint32_t             id;              /* Index in iface->streams */
     uint64_t             key;             /* Sender incarnation and ep */
+    uint64_t             open_seq;        /* Streams the iface opened
+                                             before this one */
     uint32_t             src_ep_id;       /* Addressee of our ACKs */
     fi_addr_t            ack_fi_addr;     /* Sender's priority channel */
     uint32_t             src_in_addr;     /* Sender's address and data */

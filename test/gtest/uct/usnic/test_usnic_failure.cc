@@ -244,6 +244,25 @@ UCS_TEST_P(test_usnic_failure, reconnected_remote_ep_stays_alive) {
     send_and_flush(10);
 }
 
+/* The peer closed its side; an ep created afterwards starts a new
+ * connection, which its probes must not find closed (UCP's keepalive in
+ * test_ucp_wireup_errh_peer.stress_connect_force_disconnect did) */
+UCS_TEST_P(test_usnic_failure, new_ep_after_remote_close_stays_alive) {
+    m_receiver->connect(0, *m_sender, 0);
+    send_and_flush(10);
+    m_receiver->destroy_ep(0);
+    m_sender->destroy_ep(0);
+    m_sender->connect(0, *m_receiver, 0);
+    send_and_flush(10);
+
+    for (int i = 0; i < 4; ++i) {
+        ASSERT_UCS_OK(uct_ep_check(m_sender->ep(0), 0, NULL));
+        progress_for(0.3);
+    }
+    EXPECT_TRUE(m_failures.empty());
+    send_and_flush(10);
+}
+
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_failure, usnic)
 
 
