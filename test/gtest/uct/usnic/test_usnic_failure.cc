@@ -105,6 +105,17 @@ protected:
         }
     }
 
+    /* Probe the sender's ep 4 times over 4 * interval seconds: a live,
+     * connected peer never fails it */
+    void expect_probes_answered(double interval)
+    {
+        for (int i = 0; i < 4; ++i) {
+            ASSERT_UCS_OK(uct_ep_check(m_sender->ep(0), 0, NULL));
+            progress_for(interval);
+        }
+        EXPECT_TRUE(m_failures.empty());
+    }
+
     void wait_for_failure(ucs_time_t since, double within = 2.0,
                           ucs_status_t status = UCS_ERR_ENDPOINT_TIMEOUT)
     {
@@ -203,11 +214,7 @@ UCS_TEST_P(test_usnic_failure, live_peer_never_fails) {
     send_and_flush(10);
 
     /* Idle longer than the timeout, with probes: nothing fails */
-    for (int i = 0; i < 4; ++i) {
-        ASSERT_UCS_OK(uct_ep_check(m_sender->ep(0), 0, NULL));
-        progress_for(0.5);
-    }
-    EXPECT_TRUE(m_failures.empty());
+    expect_probes_answered(0.5);
     send_and_flush(0);
     ASSERT_UCS_OK(send_am());
     progress_for(0.1);
@@ -236,11 +243,7 @@ UCS_TEST_P(test_usnic_failure, reconnected_remote_ep_stays_alive) {
     m_receiver->destroy_ep(0);
     m_receiver->connect(0, *m_sender, 0);
 
-    for (int i = 0; i < 4; ++i) {
-        ASSERT_UCS_OK(uct_ep_check(m_sender->ep(0), 0, NULL));
-        progress_for(0.3);
-    }
-    EXPECT_TRUE(m_failures.empty());
+    expect_probes_answered(0.3);
     send_and_flush(10);
 }
 
@@ -255,11 +258,7 @@ UCS_TEST_P(test_usnic_failure, new_ep_after_remote_close_stays_alive) {
     m_sender->connect(0, *m_receiver, 0);
     send_and_flush(10);
 
-    for (int i = 0; i < 4; ++i) {
-        ASSERT_UCS_OK(uct_ep_check(m_sender->ep(0), 0, NULL));
-        progress_for(0.3);
-    }
-    EXPECT_TRUE(m_failures.empty());
+    expect_probes_answered(0.3);
     send_and_flush(10);
 }
 
