@@ -17,7 +17,10 @@
 enum {
     UCT_USNIC_TX_DESC_FLAG_SACKED  = UCS_BIT(0), /* Peer has it, out of order */
     UCT_USNIC_TX_DESC_FLAG_UNSENT  = UCS_BIT(1), /* Send queue was full */
-    UCT_USNIC_TX_DESC_FLAG_PROBED  = UCS_BIT(2)  /* Resent as a tail probe */
+    UCT_USNIC_TX_DESC_FLAG_PROBED  = UCS_BIT(2), /* Resent as a tail probe */
+    UCT_USNIC_TX_DESC_FLAG_READ    = UCS_BIT(3)  /* Its user memory is a
+                                                    peer's read: checked
+                                                    again before a resend */
 };
 
 
@@ -27,6 +30,7 @@ enum {
  */
 typedef struct uct_usnic_tx_zcopy {
     uct_completion_t  *comp;     /* The message's, on its last datagram */
+    uct_usnic_rkey_t  rkey;      /* FLAG_READ: the key the read came with */
     uint16_t          head;      /* Datagram bytes in front of the user's */
     uint16_t          length;    /* User's bytes */
     uint8_t           iovcnt;    /* 0: the whole datagram is in the buffer */

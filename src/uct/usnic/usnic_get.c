@@ -341,10 +341,44 @@ uct_usnic_get_reply_ep(uct_usnic_iface_t *iface,
     return kh_value(&iface->reply_eps, iter);
 }
 
+static uct_usnic_get_reply_ext_t *
+uct_usnic_get_reply_hdr(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc)
+{
+    return (uct_usnic_get_reply_ext_t*)
+           (uct_usnic_tx_desc_hdr(uct_usnic_ep_iface(ep), desc) + 1);
+}
+
+/* A read the key does not allow gets a refusal instead of data, so that the
+ * requester fails it rather than waits */
+static void uct_usnic_get_reply_refuse(uct_usnic_ep_t *ep,
+                                       const uct_usnic_get_ext_t *request,
+                                       uct_usnic_md_access_result_t result)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uct_usnic_tx_desc_t *desc;
+    uct_usnic_get_reply_ext_t *reply;
+
+    uct_usnic_rx_refused(iface, ep->peer_dev_addr.in_addr,
+                         ep->peer_iface_addr.ports[UCT_USNIC_CHANNEL_DATA], 0,
+                         request->rkey_id, request->address, request->length,
+                         result);
+
+    desc = ucs_mpool_get_inline(&iface->tx_mp);
+    ucs_assert_always(desc != NULL);
+    reply             = uct_usnic_get_reply_hdr(ep, desc);
+    reply->get_id     = request->get_id;
+    reply->get_serial = request->get_serial;
+    reply->offset     = 0;
+    reply->status     = UCT_USNIC_GET_REPLY_REFUSED;
+    uct_usnic_tx_post(ep, desc, UCT_USNIC_PKT_GET_REPLY, 0,
+                      UCT_USNIC_PKT_FLAG_FIRST | UCT_USNIC_PKT_FLAG_LAST,
+                      sizeof(*reply));
+}
+
 /*
- * Send the data of a read as one message, read from memory now. A read the
- * key does not allow gets a refusal instead, so that the requester fails it
- * rather than waits.
+ * Send the data of a read as one message, straight from the registered
+ * memory: the registrations stay locked while it is read, and every resend
+ * checks the key again (uct_usnic_get_reply_resend_begin()).
  */
 static ucs_status_t
 uct_usnic_get_reply_send(uct_usnic_ep_t *ep, const uct_usnic_get_ext_t *request)
@@ -365,38 +399,39 @@ uct_usnic_get_reply_send(uct_usnic_ep_t *ep, const uct_usnic_get_ext_t *request)
         return UCS_ERR_NO_RESOURCE;
     }
 
+    result = uct_usnic_md_read_begin(md, &rkey, request->address,
+                                     request->length);
+    if (ucs_unlikely(result != UCT_USNIC_MD_ACCESS_OK)) {
+        uct_usnic_get_reply_refuse(ep, request, result);
+        return UCS_OK;
+    }
+
     offset = 0;
     do {
         data_len = ucs_min(request->length - offset, max_data);
         desc     = ucs_mpool_get_inline(&iface->tx_mp);
         ucs_assert_always(desc != NULL);
 
-        reply             = (uct_usnic_get_reply_ext_t*)
-                            (uct_usnic_tx_desc_hdr(iface, desc) + 1);
-        reply->get_id     = request->get_id;
-        reply->get_serial = request->get_serial;
-        reply->offset     = offset;
-        reply->status     = UCT_USNIC_GET_REPLY_OK;
-        result            = uct_usnic_md_access(md, &rkey, 0, request->address,
-                                                request->length, offset,
-                                                reply + 1, data_len);
-        offset           += data_len;
-        if (ucs_unlikely(result != UCT_USNIC_MD_ACCESS_OK)) {
-            uct_usnic_rx_refused(iface, ep->peer_dev_addr.in_addr,
-                                 ep->peer_iface_addr.ports[UCT_USNIC_CHANNEL_DATA],
-                                 0, request->rkey_id, request->address,
-                                 request->length, result);
-            reply->status = UCT_USNIC_GET_REPLY_REFUSED;
-            data_len      = 0;
-            offset        = request->length;
-        }
-
+        reply                       = uct_usnic_get_reply_hdr(ep, desc);
+        reply->get_id               = request->get_id;
+        reply->get_serial           = request->get_serial;
+        reply->offset               = offset;
+        reply->status               = UCT_USNIC_GET_REPLY_OK;
+        desc->zcopy.comp            = NULL;
+        desc->zcopy.rkey            = rkey;
+        desc->zcopy.length          = data_len;
+        desc->zcopy.iovcnt          = 1;
+        desc->zcopy.iov[0].iov_base = (void*)(uintptr_t)(request->address +
+                                                         offset);
+        desc->zcopy.iov[0].iov_len  = data_len;
+        offset                     += data_len;
         if (offset == request->length) {
             flags |= UCT_USNIC_PKT_FLAG_LAST;
         }
 
-        uct_usnic_tx_queue(ep, desc, UCT_USNIC_PKT_GET_REPLY, 0, flags,
-                           sizeof(*reply) + data_len);
+        uct_usnic_tx_queue_zcopy(ep, desc, UCT_USNIC_PKT_GET_REPLY, 0, flags,
+                                 sizeof(*reply));
+        desc->flags |= UCT_USNIC_TX_DESC_FLAG_READ;
         if (first == NULL) {
             first = desc;
         }
@@ -404,7 +439,39 @@ uct_usnic_get_reply_send(uct_usnic_ep_t *ep, const uct_usnic_get_ext_t *request)
     } while (offset < request->length);
 
     uct_usnic_tx_send_queued(ep, first);
+    uct_usnic_md_read_end(md);
     return UCS_OK;
+}
+
+int uct_usnic_get_reply_resend_begin(uct_usnic_ep_t *ep,
+                                     uct_usnic_tx_desc_t *desc)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uct_usnic_md_t *md       = ucs_derived_of(iface->super.md, uct_usnic_md_t);
+    uint64_t address         = (uintptr_t)desc->zcopy.iov[0].iov_base;
+    uct_usnic_get_reply_ext_t *reply;
+
+    if (ucs_likely(uct_usnic_md_read_begin(md, &desc->zcopy.rkey, address,
+                                           desc->zcopy.length) ==
+                   UCT_USNIC_MD_ACCESS_OK)) {
+        return 1;
+    }
+
+    /* The memory was deregistered before the requester acknowledged the
+     * data. Usually it has the data and drops this copy: UCP deregisters as
+     * soon as the requester says it is done. Otherwise the read fails there,
+     * as an RDMA read from deregistered memory would. */
+    ucs_debug("ep %p: resending psn %u of a read of 0x%" PRIx64 " key %u as a "
+              "refusal: the memory is no longer registered", ep, desc->psn,
+              address, desc->zcopy.rkey.id);
+    ++iface->stats.tx_reads_revoked;
+    reply               = uct_usnic_get_reply_hdr(ep, desc);
+    reply->status       = UCT_USNIC_GET_REPLY_REFUSED;
+    desc->length       -= desc->zcopy.length;
+    desc->zcopy.length  = 0;
+    desc->zcopy.iovcnt  = 0;
+    desc->flags        &= ~UCT_USNIC_TX_DESC_FLAG_READ;
+    return 0;
 }
 
 static ucs_status_t uct_usnic_get_reply_progress(uct_pending_req_t *self)
@@ -421,12 +488,13 @@ static ucs_status_t uct_usnic_get_reply_progress(uct_pending_req_t *self)
 }
 
 void uct_usnic_get_serve(uct_usnic_iface_t *iface,
-                         const uct_usnic_rx_stream_t *stream,
-                         const void *body, size_t body_len)
+                         uct_usnic_rx_stream_t *stream, const void *body,
+                         size_t body_len)
 {
     const uct_usnic_get_ext_t *request = body;
     uct_usnic_get_reply_t *reply;
     uct_usnic_ep_t *ep;
+    ucs_status_t status;
 
     if (ucs_unlikely((request->length == 0) ||
                      (request->length > iface->config.get_max))) {
@@ -441,7 +509,13 @@ void uct_usnic_get_serve(uct_usnic_iface_t *iface,
         return;
     }
 
-    if (uct_usnic_get_reply_send(ep, request) == UCS_OK) {
+    /* The reply takes the ACK the request's stream owes where a datagram
+     * has room for it (a short last one): an ACK of its own would cost a
+     * system call per read. A reply ep is never paired with a stream. */
+    ep->ack_stream = stream;
+    status         = uct_usnic_get_reply_send(ep, request);
+    ep->ack_stream = NULL;
+    if (status == UCS_OK) {
         return;
     }
 

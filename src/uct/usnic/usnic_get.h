@@ -56,13 +56,21 @@ void uct_usnic_get_purge(uct_usnic_ep_t *ep, ucs_status_t status);
 
 /* Target: serve a read request that arrived in order on the stream */
 void uct_usnic_get_serve(uct_usnic_iface_t *iface,
-                         const struct uct_usnic_rx_stream *stream,
-                         const void *body, size_t body_len);
+                         struct uct_usnic_rx_stream *stream, const void *body,
+                         size_t body_len);
 
 /* Requester: data of one of its reads arrived in order on the stream */
 void uct_usnic_get_rx_reply(uct_usnic_iface_t *iface,
                             const struct uct_usnic_rx_stream *stream,
                             const void *body, size_t body_len);
+
+/*
+ * Before a datagram of a read's reply is sent again: with its key still
+ * valid, lock the registrations (uct_usnic_md_read_end() after the send)
+ * and return 1; with the memory gone, turn it into a refusal and return 0.
+ */
+int uct_usnic_get_reply_resend_begin(uct_usnic_ep_t *ep,
+                                     uct_usnic_tx_desc_t *desc);
 
 /* Destroy the eps that carry replies to reads */
 void uct_usnic_get_cleanup(uct_usnic_iface_t *iface);

@@ -1249,14 +1249,15 @@ static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
     const uint64_t *drop = iface->stats.rx_drop;
 
     ucs_debug("usnic iface %p: tx %lu datagrams, %lu resent (%lu timeouts, "
-              "%lu tail probes), %lu standalone "
+              "%lu tail probes, %lu read replies revoked), %lu standalone "
               "and %lu piggy-backed ACKs; rx %lu datagrams, %lu ACKs; "
               "dropped: %lu invalid, %lu stale, %lu no stream, %lu duplicate, "
               "%lu out of window, %lu no resource, %lu PUT key, %lu PUT range, "
               "%lu GET key, %lu GET range, %lu bad checksum",
               iface, iface->stats.tx_packets, iface->stats.tx_resends,
               iface->stats.tx_timeouts, iface->stats.tx_tail_probes,
-              iface->stats.tx_acks, iface->stats.tx_piggy_acks,
+              iface->stats.tx_reads_revoked, iface->stats.tx_acks,
+              iface->stats.tx_piggy_acks,
               iface->stats.rx_packets, iface->stats.rx_acks,
               drop[UCT_USNIC_RX_DROP_INVALID], drop[UCT_USNIC_RX_DROP_STALE],
               drop[UCT_USNIC_RX_DROP_NO_STREAM],

@@ -214,6 +214,8 @@ typedef struct uct_usnic_iface {
         uint64_t            tx_resends;
         uint64_t            tx_timeouts;   /* Retransmission timer expiries */
         uint64_t            tx_tail_probes;
+        uint64_t            tx_reads_revoked; /* Reply datagrams resent as
+                                                 refusals: memory gone */
         uint64_t            tx_acks;       /* Standalone */
         uint64_t            tx_piggy_acks; /* Carried by AM packets */
         uint64_t            tx_bundled;    /* AMs sent in bundles */

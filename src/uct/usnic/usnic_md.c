@@ -435,6 +435,30 @@ static ucs_status_t uct_usnic_rkey_release(uct_component_t *component,
     return UCS_OK;
 }
 
+/* Whether rkey grants the access to all of [address, address + length);
+ * called with the registrations locked */
+static uct_usnic_md_access_result_t
+uct_usnic_md_check(uct_usnic_md_t *md, const uct_usnic_rkey_t *rkey,
+                   int write, uint64_t address, size_t length)
+{
+    uct_usnic_memh_t *memh;
+    uint64_t start;
+
+    if (!ucs_ptr_array_lookup(&md->regs, rkey->id, memh) ||
+        (memh->rkey.secret != rkey->secret) ||
+        !(write ? memh->remote_write : memh->remote_read)) {
+        return UCT_USNIC_MD_ACCESS_BAD_KEY;
+    }
+
+    start = (uintptr_t)memh->address;
+    if ((address < start) || (length > memh->length) ||
+        ((address - start) > (memh->length - length))) {
+        return UCT_USNIC_MD_ACCESS_BAD_RANGE;
+    }
+
+    return UCT_USNIC_MD_ACCESS_OK;
+}
+
 /*
  * Apply one datagram of a peer's write of [address, address + length), of
  * which data is the part at offset. The whole range is checked, so that a
@@ -442,42 +466,40 @@ static ucs_status_t uct_usnic_rkey_release(uct_component_t *component,
  * makes mem_dereg wait for a write in progress.
  */
 uct_usnic_md_access_result_t
-uct_usnic_md_access(uct_usnic_md_t *md, const uct_usnic_rkey_t *rkey,
-                    int write, uint64_t address, size_t length, size_t offset,
-                    void *buf, size_t buf_length)
+uct_usnic_md_write(uct_usnic_md_t *md, const uct_usnic_rkey_t *rkey,
+                   uint64_t address, size_t length, size_t offset,
+                   const void *data, size_t data_length)
 {
-    uct_usnic_md_access_result_t result = UCT_USNIC_MD_ACCESS_OK;
-    uct_usnic_memh_t *memh;
-    uint64_t start;
-    void *mem;
+    uct_usnic_md_access_result_t result;
 
-    ucs_assert((offset <= length) && (buf_length <= (length - offset)));
+    ucs_assert((offset <= length) && (data_length <= (length - offset)));
 
     ucs_spin_lock(&md->regs_lock);
-    if (!ucs_ptr_array_lookup(&md->regs, rkey->id, memh) ||
-        (memh->rkey.secret != rkey->secret) ||
-        !(write ? memh->remote_write : memh->remote_read)) {
-        result = UCT_USNIC_MD_ACCESS_BAD_KEY;
-        goto out;
+    result = uct_usnic_md_check(md, rkey, 1, address, length);
+    if (result == UCT_USNIC_MD_ACCESS_OK) {
+        memcpy((void*)(uintptr_t)(address + offset), data, data_length);
     }
-
-    start = (uintptr_t)memh->address;
-    if ((address < start) || (length > memh->length) ||
-        ((address - start) > (memh->length - length))) {
-        result = UCT_USNIC_MD_ACCESS_BAD_RANGE;
-        goto out;
-    }
-
-    mem = (void*)(uintptr_t)(address + offset);
-    if (write) {
-        memcpy(mem, buf, buf_length);
-    } else {
-        memcpy(buf, mem, buf_length);
-    }
-
-out:
     ucs_spin_unlock(&md->regs_lock);
     return result;
+}
+
+uct_usnic_md_access_result_t
+uct_usnic_md_read_begin(uct_usnic_md_t *md, const uct_usnic_rkey_t *rkey,
+                        uint64_t address, size_t length)
+{
+    uct_usnic_md_access_result_t result;
+
+    ucs_spin_lock(&md->regs_lock);
+    result = uct_usnic_md_check(md, rkey, 0, address, length);
+    if (result != UCT_USNIC_MD_ACCESS_OK) {
+        ucs_spin_unlock(&md->regs_lock);
+    }
+    return result;
+}
+
+void uct_usnic_md_read_end(uct_usnic_md_t *md)
+{
+    ucs_spin_unlock(&md->regs_lock);
 }
 
 static void uct_usnic_md_close_domain(uct_usnic_md_t *md)

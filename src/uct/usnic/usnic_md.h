@@ -94,16 +94,29 @@ ucs_status_t uct_usnic_sock_getinfo(const char *domain_name,
 
 
 /*
- * A remote peer's write (write != 0: buffer to memory) or read (memory to
- * buffer) of buf_length bytes at offset within [address, address + length),
- * done only if the key grants that access to the whole range. Holds the
- * registrations' lock, so that a concurrent deregistration cannot pull the
- * memory away in between.
+ * A remote peer's write of data_length bytes at offset within
+ * [address, address + length), done only if the key grants write access to
+ * the whole range. Holds the registrations' lock, so that a concurrent
+ * deregistration cannot pull the memory away in between.
  */
 uct_usnic_md_access_result_t
-uct_usnic_md_access(uct_usnic_md_t *md, const uct_usnic_rkey_t *rkey,
-                    int write, uint64_t address, size_t length, size_t offset,
-                    void *buf, size_t buf_length);
+uct_usnic_md_write(uct_usnic_md_t *md, const uct_usnic_rkey_t *rkey,
+                   uint64_t address, size_t length, size_t offset,
+                   const void *data, size_t data_length);
+
+
+/*
+ * Before a remote peer's read of [address, address + length): on
+ * UCT_USNIC_MD_ACCESS_OK, the registrations stay locked until
+ * uct_usnic_md_read_end(), so that no deregistration pulls the memory away
+ * while the caller sends from it.
+ */
+uct_usnic_md_access_result_t
+uct_usnic_md_read_begin(uct_usnic_md_t *md, const uct_usnic_rkey_t *rkey,
+                        uint64_t address, size_t length);
+
+
+void uct_usnic_md_read_end(uct_usnic_md_t *md);
 
 
 ucs_status_t uct_usnic_md_query_devices(uct_md_h md,

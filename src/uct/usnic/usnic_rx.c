@@ -465,8 +465,8 @@ static void uct_usnic_rx_put(uct_usnic_iface_t *iface,
 
     rkey.id     = put->rkey_id;
     rkey.secret = put->secret;
-    result      = uct_usnic_md_access(md, &rkey, 1, put->address, put->length,
-                                      put->offset, (void*)(put + 1), data_len);
+    result      = uct_usnic_md_write(md, &rkey, put->address, put->length,
+                                     put->offset, put + 1, data_len);
     if (result != UCT_USNIC_MD_ACCESS_OK) {
         uct_usnic_rx_refused(iface, stream->src_in_addr, stream->src_port, 1,
                              put->rkey_id, put->address, put->length, result);
@@ -496,12 +496,14 @@ uct_usnic_rx_in_order(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
         uct_usnic_rx_put(iface, stream, hdr + 1, body_len);
         return UCS_OK;
     case UCT_USNIC_PKT_GET:
+        uct_usnic_get_serve(iface, stream, hdr + 1, body_len);
         /* Each read served sends its whole reply: reads queued in one poll
-         * kept their ACKs past the requester's RTO */
-        if (uct_usnic_rx_ack_due(iface, stream, ucs_get_time())) {
+         * kept their ACKs past the requester's RTO, unless the reply took
+         * the ACK */
+        if (!ucs_list_is_empty(&stream->ack_list) &&
+            uct_usnic_rx_ack_due(iface, stream, ucs_get_time())) {
             uct_usnic_rx_send_ack(iface, stream);
         }
-        uct_usnic_get_serve(iface, stream, hdr + 1, body_len);
         return UCS_OK;
     case UCT_USNIC_PKT_GET_REPLY:
         uct_usnic_get_rx_reply(iface, stream, hdr + 1, body_len);

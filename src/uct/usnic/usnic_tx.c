@@ -113,6 +113,21 @@ static void uct_usnic_tx_send(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
     uct_usnic_tx_unsent(iface, ep, desc, now);
 }
 
+/* Send a datagram that went before, or that the send queue refused: the
+ * memory of a peer's read may have been deregistered since */
+static void uct_usnic_tx_send_again(uct_usnic_iface_t *iface,
+                                    uct_usnic_ep_t *ep,
+                                    uct_usnic_tx_desc_t *desc, ucs_time_t now)
+{
+    int locked = ucs_unlikely(desc->flags & UCT_USNIC_TX_DESC_FLAG_READ) &&
+                 uct_usnic_get_reply_resend_begin(ep, desc);
+
+    uct_usnic_tx_send(iface, ep, desc, now);
+    if (locked) {
+        uct_usnic_md_read_end(ucs_derived_of(iface->super.md, uct_usnic_md_t));
+    }
+}
+
 /* The datagram after desc in the window, NULL after the newest */
 static UCS_F_ALWAYS_INLINE uct_usnic_tx_desc_t *
 uct_usnic_tx_desc_next(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc)
@@ -167,7 +182,10 @@ void uct_usnic_tx_send_queued(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first)
 /*
  * Let a new packet carry the ACK the reverse stream owes, when there is
  * room for it (and for an open trailer still to come). An ACK that must
- * report holes goes standalone: only it carries the selective-ACK bitmap.
+ * report holes, or answer a probe of a closed stream, goes standalone: only
+ * it carries the selective-ACK bitmap and the closed flag. One the sender
+ * asked for at once (ACK_REQ) or that answers a duplicate rides along: the
+ * packet leaves now.
  */
 static int uct_usnic_tx_add_ack(uct_usnic_iface_t *iface,
                                 uct_usnic_rx_stream_t *stream,
@@ -175,7 +193,8 @@ static int uct_usnic_tx_add_ack(uct_usnic_iface_t *iface,
 {
     uct_usnic_ack_ext_t *ack;
 
-    if (ucs_list_is_empty(&stream->ack_list) || stream->ack_now ||
+    if (ucs_list_is_empty(&stream->ack_list) || (stream->ooo_count > 0) ||
+        stream->closed_reply ||
         ((desc->length + sizeof(*ack) + sizeof(uct_usnic_open_ext_t)) >
          iface->config.mtu)) {
         return 0;
@@ -395,7 +414,7 @@ static void uct_usnic_tx_resend(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
                    desc->resends + 1);
     ++desc->resends;
     ++iface->stats.tx_resends;
-    uct_usnic_tx_send(iface, ep, desc, now);
+    uct_usnic_tx_send_again(iface, ep, desc, now);
 }
 
 /*
@@ -593,7 +612,7 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
         }
 
         if (desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT) {
-            uct_usnic_tx_send(iface, ep, desc, now);
+            uct_usnic_tx_send_again(iface, ep, desc, now);
             if (desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT) {
                 break; /* the send queue is still full */
             }

@@ -809,6 +809,45 @@ UCS_TEST_P(test_usnic_put_faults, gets_drop_10_percent) {
               receiver_iface()->stats.tx_resends, 0u);
 }
 
+/* The target's reply is lost, then it deregisters the memory: the resent
+ * reply must not read the memory, and the requester learns the read failed */
+UCS_TEST_P(test_usnic_put_faults, get_reply_resent_after_dereg) {
+    modify_config("FAULT_DROP", "1", IGNORE_IF_NOT_EXIST);
+    modify_config("USNIC_FAULT_DROP", "1", IGNORE_IF_NOT_EXIST);
+    modify_config("FAULT_CHANNELS", "data", IGNORE_IF_NOT_EXIST);
+    modify_config("USNIC_FAULT_CHANNELS", "data", IGNORE_IF_NOT_EXIST);
+    create_entities();
+    ucs_derived_of(m_sender->iface(), uct_usnic_iface_t)
+            ->channels[UCT_USNIC_CHANNEL_DATA]
+            .fault->prob[UCT_USNIC_FAULT_DROP] = 0;
+    uct_usnic_fault_t *target_fault =
+            receiver_iface()->channels[UCT_USNIC_CHANNEL_DATA].fault;
+
+    ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(60);
+    std::vector<uint8_t> data(get_max(), 0);
+    uct_completion_t comp = {comp_cb, 1, UCS_OK};
+    uct_iov_t iov         = {&data[0], data.size(), UCT_MEM_HANDLE_NULL, 0, 1};
+    ASSERT_EQ(UCS_INPROGRESS,
+              uct_ep_get_zcopy(m_sender->ep(0), &iov, 1, region_addr(),
+                               m_rkey.rkey, &comp));
+    while ((target_fault->count[UCT_USNIC_FAULT_DROP] == 0) &&
+           (ucs_get_time() < deadline)) {
+        progress();
+    }
+    ASSERT_GT(target_fault->count[UCT_USNIC_FAULT_DROP], 0u);
+
+    release_region(m_memh, &m_rkey);
+    m_memh                                  = NULL;
+    target_fault->prob[UCT_USNIC_FAULT_DROP] = 0;
+    while ((comp.count > 0) && (ucs_get_time() < deadline)) {
+        progress();
+    }
+    ASSERT_EQ(0, comp.count) << "read not completed";
+    EXPECT_EQ(UCS_ERR_INVALID_ADDR, comp.status);
+    EXPECT_GT(receiver_iface()->stats.tx_reads_revoked, 0u);
+    EXPECT_EQ(std::vector<uint8_t>(data.size(), 0), data);
+}
+
 UCS_TEST_P(test_usnic_put_faults, reorder_duplicate_corrupt) {
     random_puts_through({{"CHECKSUM", "y"},
                          {"FAULT_REORDER", "0.05"},
