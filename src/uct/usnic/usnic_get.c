@@ -348,6 +348,19 @@ uct_usnic_get_reply_hdr(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc)
            (uct_usnic_tx_desc_hdr(uct_usnic_ep_iface(ep), desc) + 1);
 }
 
+static void uct_usnic_get_reply_init(uct_usnic_ep_t *ep,
+                                     uct_usnic_tx_desc_t *desc,
+                                     const uct_usnic_get_ext_t *request,
+                                     uint32_t offset, uint8_t status)
+{
+    uct_usnic_get_reply_ext_t *reply = uct_usnic_get_reply_hdr(ep, desc);
+
+    reply->get_id     = request->get_id;
+    reply->get_serial = request->get_serial;
+    reply->offset     = offset;
+    reply->status     = status;
+}
+
 /* A read the key does not allow gets a refusal instead of data, so that the
  * requester fails it rather than waits */
 static void uct_usnic_get_reply_refuse(uct_usnic_ep_t *ep,
@@ -356,7 +369,6 @@ static void uct_usnic_get_reply_refuse(uct_usnic_ep_t *ep,
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_tx_desc_t *desc;
-    uct_usnic_get_reply_ext_t *reply;
 
     uct_usnic_rx_refused(iface, ep->peer_dev_addr.in_addr,
                          ep->peer_iface_addr.ports[UCT_USNIC_CHANNEL_DATA], 0,
@@ -365,14 +377,11 @@ static void uct_usnic_get_reply_refuse(uct_usnic_ep_t *ep,
 
     desc = ucs_mpool_get_inline(&iface->tx_mp);
     ucs_assert_always(desc != NULL);
-    reply             = uct_usnic_get_reply_hdr(ep, desc);
-    reply->get_id     = request->get_id;
-    reply->get_serial = request->get_serial;
-    reply->offset     = 0;
-    reply->status     = UCT_USNIC_GET_REPLY_REFUSED;
+    uct_usnic_get_reply_init(ep, desc, request, 0,
+                             UCT_USNIC_GET_REPLY_REFUSED);
     uct_usnic_tx_post(ep, desc, UCT_USNIC_PKT_GET_REPLY, 0,
                       UCT_USNIC_PKT_FLAG_FIRST | UCT_USNIC_PKT_FLAG_LAST,
-                      sizeof(*reply));
+                      sizeof(uct_usnic_get_reply_ext_t));
 }
 
 /*
@@ -391,7 +400,6 @@ uct_usnic_get_reply_send(uct_usnic_ep_t *ep, const uct_usnic_get_ext_t *request)
     uint8_t flags             = UCT_USNIC_PKT_FLAG_FIRST;
     uct_usnic_tx_desc_t *desc, *first = NULL;
     uct_usnic_md_access_result_t result;
-    uct_usnic_get_reply_ext_t *reply;
     size_t offset, data_len;
 
     if (!uct_usnic_ep_can_send(ep, ucs_div_round_up(request->length,
@@ -412,11 +420,8 @@ uct_usnic_get_reply_send(uct_usnic_ep_t *ep, const uct_usnic_get_ext_t *request)
         desc     = ucs_mpool_get_inline(&iface->tx_mp);
         ucs_assert_always(desc != NULL);
 
-        reply                       = uct_usnic_get_reply_hdr(ep, desc);
-        reply->get_id               = request->get_id;
-        reply->get_serial           = request->get_serial;
-        reply->offset               = offset;
-        reply->status               = UCT_USNIC_GET_REPLY_OK;
+        uct_usnic_get_reply_init(ep, desc, request, offset,
+                                 UCT_USNIC_GET_REPLY_OK);
         desc->zcopy.comp            = NULL;
         desc->zcopy.rkey            = rkey;
         desc->zcopy.length          = data_len;
@@ -430,7 +435,7 @@ uct_usnic_get_reply_send(uct_usnic_ep_t *ep, const uct_usnic_get_ext_t *request)
         }
 
         uct_usnic_tx_queue_zcopy(ep, desc, UCT_USNIC_PKT_GET_REPLY, 0, flags,
-                                 sizeof(*reply));
+                                 sizeof(uct_usnic_get_reply_ext_t));
         desc->flags |= UCT_USNIC_TX_DESC_FLAG_READ;
         if (first == NULL) {
             first = desc;
