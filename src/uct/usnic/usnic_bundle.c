@@ -143,11 +143,72 @@ void uct_usnic_bundle_progress(uct_usnic_iface_t *iface, int all)
             uct_usnic_bundle_send(ep);
         }
     }
+
+    ucs_list_for_each_safe(ep, tmp, &iface->held_eps, held_list) {
+        if (all || (uct_usnic_elapsed(now, ep->held_time) >=
+                    iface->config.hold_delay)) {
+            uct_usnic_tx_send_queued(ep, ep->held);
+        }
+    }
+}
+
+/*
+ * Messages to one peer share a system call the same way: one posted less
+ * than the delay after the application's previous post on the ep returned
+ * waits in the window, and the ones after it join it, until the ep sends
+ * anything else, a burst's worth waits, or the first has waited the delay.
+ * The kernel provider then sends them all with one sendmmsg, each message
+ * cut into datagrams by the kernel. Whether the peer acknowledged the
+ * earlier ones does not matter here: a fast receiver acknowledges each
+ * message before the next is posted, and the sender is then the one whose
+ * system calls limit the stream.
+ */
+void uct_usnic_bundle_post_msg(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first,
+                               unsigned count)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    ucs_time_t now           = ucs_get_time();
+
+    /* A window too full for the next message sends what it has */
+    if ((ep->held == NULL) ?
+        ((iface->config.hold_delay == 0) ||
+         (uct_usnic_elapsed(now, ep->post_time) >= iface->config.hold_delay)) :
+        (((ep->held_count + count) > UCT_USNIC_CHANNEL_MAX_BURST) ||
+         (uct_usnic_elapsed(now, ep->held_time) >= iface->config.hold_delay)) ||
+        !uct_usnic_ep_has_room(ep, iface->config.max_bcopy_packets)) {
+        uct_usnic_tx_send_queued(ep, first);
+        ep->post_time = ucs_get_time();
+        return;
+    }
+
+    if (ep->held == NULL) {
+        ep->held       = first;
+        ep->held_count = 0;
+        ep->held_time  = now;
+        ucs_list_add_tail(&iface->held_eps, &ep->held_list);
+    }
+
+    ep->held_count += count;
+    ep->post_time   = now;
+    ++iface->stats.tx_held;
+}
+
+uct_usnic_tx_desc_t *uct_usnic_bundle_take_held(uct_usnic_ep_t *ep)
+{
+    uct_usnic_tx_desc_t *first = ep->held;
+
+    ep->held = NULL;
+    ucs_list_del(&ep->held_list);
+    return first;
 }
 
 void uct_usnic_bundle_discard(uct_usnic_ep_t *ep)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+
+    if (ep->held != NULL) {
+        uct_usnic_bundle_take_held(ep);
+    }
 
     if (ep->bundle == NULL) {
         return;

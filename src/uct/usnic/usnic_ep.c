@@ -76,6 +76,10 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
     self->bundle_time      = 0;
     ucs_list_head_init(&self->bundle_list);
     self->last_tx_time     = 0;
+    self->post_time        = 0;
+    self->held             = NULL;
+    self->held_count       = 0;
+    self->held_time        = 0;
     self->internal         = internal;
     self->id               = ucs_ptr_array_insert(&iface->eps, self);
     /* A reply ep neither opens nor closes the connection to its peer */
@@ -97,6 +101,9 @@ UCS_CLASS_CLEANUP_FUNC(uct_usnic_ep_t)
     if ((self->bundle != NULL) && (self->status == UCS_OK)) {
         /* Posted before, so sent once as any datagram of the window was */
         uct_usnic_bundle_send(self);
+    }
+    if ((self->held != NULL) && (self->status == UCS_OK)) {
+        uct_usnic_tx_send_queued(self, self->held);
     }
     uct_usnic_tx_window_purge(self, UCS_ERR_CANCELED);
     ucs_list_del(&self->failed_list);
@@ -325,7 +332,7 @@ static void uct_usnic_ep_post_msg(uct_usnic_ep_t *ep,
     } while (offset < total);
 
     /* The whole message at once: one system call where the provider can */
-    uct_usnic_tx_send_queued(ep, first);
+    uct_usnic_bundle_post_msg(ep, first, ucs_div_round_up(total, max_frag));
     uct_usnic_iface_leave(iface);
 }
 
@@ -602,6 +609,9 @@ ucs_status_t uct_usnic_ep_flush(uct_ep_h tl_ep, unsigned flags,
     uct_usnic_iface_enter(iface);
     if (ep->bundle != NULL) {
         uct_usnic_bundle_send(ep);
+    }
+    if (ep->held != NULL) {
+        uct_usnic_tx_send_queued(ep, ep->held);
     }
     uct_usnic_iface_leave(iface);
 

@@ -105,6 +105,15 @@ typedef struct uct_usnic_ep {
     ucs_time_t            bundle_time;     /* Its first AM's */
     ucs_list_link_t       bundle_list;     /* In iface->bundle_eps */
     ucs_time_t            last_tx_time;    /* Newest datagram sent */
+    ucs_time_t            post_time;       /* When the last message post
+                                              returned */
+    struct uct_usnic_tx_desc *held;        /* Oldest datagram of the
+                                              messages waiting for one
+                                              burst, or NULL; all after it
+                                              in the window wait too */
+    unsigned              held_count;      /* Datagrams waiting */
+    ucs_time_t            held_time;       /* When the first began to */
+    ucs_list_link_t       held_list;       /* In iface->held_eps */
     int                   internal;        /* Carries replies to reads: no
                                               user owns it */
 } uct_usnic_ep_t;
@@ -222,8 +231,25 @@ void uct_usnic_bundle_send(uct_usnic_ep_t *ep);
  * all of them with all != 0. The caller has entered the iface */
 void uct_usnic_bundle_progress(uct_usnic_iface_t *iface, int all);
 
-/* Drop the ep's bundle unsent; the caller has entered the iface */
+/* Drop the ep's bundle unsent, and forget the messages it holds back; the
+ * caller has entered the iface */
 void uct_usnic_bundle_discard(uct_usnic_ep_t *ep);
+
+/* Send a message's datagrams, queued since first, with the ep's next burst
+ * when the application posts faster than the wire takes them, else at once;
+ * the caller has entered the iface */
+void uct_usnic_bundle_post_msg(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first,
+                               unsigned count);
+
+/* The oldest datagram held back, which the caller now sends with the rest */
+uct_usnic_tx_desc_t *uct_usnic_bundle_take_held(uct_usnic_ep_t *ep);
+
+/* PSN of the first datagram not handed to the provider yet */
+static UCS_F_ALWAYS_INLINE uct_usnic_psn_t
+uct_usnic_ep_unposted_psn(const uct_usnic_ep_t *ep)
+{
+    return (ep->held == NULL) ? ep->next_psn : ep->held->psn;
+}
 
 void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
                              const uct_usnic_ack_ext_t *ack,

@@ -140,8 +140,11 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      "endpoint's previous datagrams are unacknowledged and the last was sent\n"
      "less than this long ago waits; the bundle goes when it is full, when\n"
      "everything before it is acknowledged, when another operation or a\n"
-     "flush follows, or after this delay. 0 sends every message at once.\n"
-     "Off when the iface is opened with an AM alignment.",
+     "flush follows, or after this delay. With the kernel provider, larger\n"
+     "messages posted less than this long after the previous post on the\n"
+     "endpoint likewise wait, at most this long, to leave with the next\n"
+     "ones in one system call. 0 sends every message at once. Bundles are\n"
+     "off when the iface is opened with an AM alignment.",
      ucs_offsetof(uct_usnic_iface_config_t, bundle_delay),
      UCS_CONFIG_TYPE_TIME},
 
@@ -561,7 +564,7 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
         uct_usnic_rx_send_acks(iface, 0);
     }
 
-    if (!ucs_list_is_empty(&iface->bundle_eps)) {
+    if (uct_usnic_iface_holds_msgs(iface)) {
         uct_usnic_bundle_progress(iface, 0);
     }
 
@@ -600,7 +603,7 @@ static void uct_usnic_iface_async_timer(int id, ucs_event_set_types_t events,
     }
 
     /* A bundle does not wait for the user's next call */
-    if (!ucs_list_is_empty(&iface->bundle_eps)) {
+    if (uct_usnic_iface_holds_msgs(iface)) {
         uct_usnic_bundle_progress(iface, 0);
     }
 
@@ -1145,6 +1148,9 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     }
 
     uct_usnic_iface_init_sizes(self, params, config, md->info);
+    /* Only the kernel provider sends a burst of messages with one system
+     * call: elsewhere holding them back would only delay them */
+    self->config.hold_delay = md->kernel ? self->config.bundle_delay : 0;
     if (self->config.mtu < (sizeof(uct_usnic_hdr_t) +
                             sizeof(uct_usnic_open_ext_t) + 64)) {
         ucs_error("usnic: provider %s sends at most %zu bytes at once, too "
@@ -1185,6 +1191,7 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     ucs_list_head_init(&self->failed_eps);
     ucs_list_head_init(&self->ack_streams);
     ucs_list_head_init(&self->bundle_eps);
+    ucs_list_head_init(&self->held_eps);
 
     status = uct_usnic_iface_init_buffers(self, md, params, config);
     if (status != UCS_OK) {
@@ -1248,13 +1255,15 @@ static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
 {
     const uint64_t *drop = iface->stats.rx_drop;
 
-    ucs_debug("usnic iface %p: tx %lu datagrams, %lu resent (%lu timeouts, "
+    ucs_debug("usnic iface %p: tx %lu datagrams, %lu AMs bundled, %lu "
+              "messages held back, %lu resent (%lu timeouts, "
               "%lu tail probes, %lu read replies revoked), %lu standalone "
               "and %lu piggy-backed ACKs; rx %lu datagrams, %lu ACKs; "
               "dropped: %lu invalid, %lu stale, %lu no stream, %lu duplicate, "
               "%lu out of window, %lu no resource, %lu PUT key, %lu PUT range, "
               "%lu GET key, %lu GET range, %lu bad checksum",
-              iface, iface->stats.tx_packets, iface->stats.tx_resends,
+              iface, iface->stats.tx_packets, iface->stats.tx_bundled,
+              iface->stats.tx_held, iface->stats.tx_resends,
               iface->stats.tx_timeouts, iface->stats.tx_tail_probes,
               iface->stats.tx_reads_revoked, iface->stats.tx_acks,
               iface->stats.tx_piggy_acks,

@@ -159,6 +159,7 @@ typedef struct uct_usnic_iface {
                                               be reported, from progress */
     ucs_list_link_t         ack_streams;   /* streams owing an ACK */
     ucs_list_link_t         bundle_eps;    /* eps collecting a bundle */
+    ucs_list_link_t         held_eps;      /* eps holding messages back */
     unsigned                tx_outstanding; /* Unacked packets, all eps */
     unsigned                tx_comps;      /* User completions waiting for
                                               ACKs: zcopy sends, flushes */
@@ -203,6 +204,7 @@ typedef struct uct_usnic_iface {
         unsigned            ack_freq;
         ucs_time_t          ack_delay;
         ucs_time_t          bundle_delay;  /* 0: no bundles */
+        ucs_time_t          hold_delay;    /* 0: every message sent at once */
         ucs_time_t          rto_min;
         ucs_time_t          rto_max;
         unsigned            max_resend;
@@ -219,6 +221,8 @@ typedef struct uct_usnic_iface {
         uint64_t            tx_acks;       /* Standalone */
         uint64_t            tx_piggy_acks; /* Carried by AM packets */
         uint64_t            tx_bundled;    /* AMs sent in bundles */
+        uint64_t            tx_held;       /* Messages held back to share a
+                                              system call */
         uint64_t            rx_packets;
         uint64_t            rx_acks;
     } stats;
@@ -263,6 +267,14 @@ void uct_usnic_iface_event_async(uct_usnic_iface_t *iface);
 int uct_usnic_dev_addr_reaches(const uct_usnic_device_addr_t *local,
                                uint32_t in_addr);
 
+
+/* Whether bundles or messages held back wait to be sent */
+static UCS_F_ALWAYS_INLINE int
+uct_usnic_iface_holds_msgs(uct_usnic_iface_t *iface)
+{
+    return !ucs_list_is_empty(&iface->bundle_eps) ||
+           !ucs_list_is_empty(&iface->held_eps);
+}
 
 static UCS_F_ALWAYS_INLINE void uct_usnic_iface_enter(uct_usnic_iface_t *iface)
 {

@@ -28,11 +28,11 @@
 
 /*
  * The kernel provider: each channel is a UDP socket. The cost of a datagram
- * is the system call that carries it, so every path carries many: a message
- * of several datagrams leaves in one sendmsg with UDP segmentation offload
- * (the kernel cuts it, or hands it whole to a local receiver), receives take
- * a batch per recvmmsg, and UDP_GRO hands back a peer's burst as one buffer
- * to split.
+ * is the system call that carries it, so every path carries many: a burst
+ * of messages leaves in one sendmmsg, each message of several datagrams with
+ * UDP segmentation offload (the kernel cuts it, or hands it whole to a local
+ * receiver), receives take a batch per recvmmsg, and UDP_GRO hands back a
+ * peer's burst as one buffer to split.
  */
 
 #ifndef SOL_UDP
@@ -48,6 +48,8 @@
 /* Most segments, and bytes, the kernel takes in one UDP_SEGMENT send */
 #define UCT_USNIC_SOCK_GSO_MAX_SEGS  64
 #define UCT_USNIC_SOCK_GSO_MAX_BYTES (65535 - 20 - 8)
+/* Most messages, each cut by the kernel, in one sendmmsg */
+#define UCT_USNIC_SOCK_GSO_MAX_RUNS  16
 
 /* A coalesced receive holds up to one IP packet's worth of a peer's
  * datagrams */
@@ -114,39 +116,70 @@ static unsigned uct_usnic_sock_gso_run(const uct_usnic_dgram_t *dgrams,
     return n;
 }
 
-/* The kernel cuts the concatenated pieces every segment size bytes */
-static ssize_t uct_usnic_sock_send_gso(uct_usnic_channel_t *channel,
-                                       const uct_usnic_dgram_t *dgrams,
-                                       unsigned count,
-                                       const struct sockaddr_in *addr)
+/* One system call for a burst: each run of equal datagrams is a message
+ * that the kernel cuts every segment size bytes */
+static unsigned uct_usnic_sock_send_gso(uct_usnic_channel_t *channel,
+                                        const uct_usnic_dgram_t *dgrams,
+                                        unsigned count,
+                                        const struct sockaddr_in *addr)
 {
-    struct iovec iov[UCT_USNIC_SOCK_GSO_MAX_SEGS * UCT_USNIC_DGRAM_MAX_IOV];
-    char control[CMSG_SPACE(sizeof(uint16_t))] = {0};
-    struct msghdr msg                          = {
-        .msg_name       = (void*)addr,
-        .msg_namelen    = sizeof(*addr),
-        .msg_iov        = iov,
-        .msg_iovlen     = 0,
-        .msg_control    = control,
-        .msg_controllen = sizeof(control)
-    };
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    uint16_t seg_size    = dgrams[0].length;
-    unsigned i;
+    struct iovec iov[UCT_USNIC_CHANNEL_MAX_BURST * UCT_USNIC_DGRAM_MAX_IOV];
+    char control[UCT_USNIC_SOCK_GSO_MAX_RUNS][CMSG_SPACE(sizeof(uint16_t))];
+    struct mmsghdr msgs[UCT_USNIC_SOCK_GSO_MAX_RUNS];
+    unsigned runs[UCT_USNIC_SOCK_GSO_MAX_RUNS];
+    unsigned num_iov = 0;
+    unsigned n, i, d, sent;
+    struct cmsghdr *cmsg;
+    struct msghdr *msg;
+    uint16_t seg_size;
+    int ret;
 
-    for (i = 0; i < count; ++i) {
-        memcpy(&iov[msg.msg_iovlen], dgrams[i].iov,
-               sizeof(*iov) * dgrams[i].iovcnt);
-        msg.msg_iovlen += dgrams[i].iovcnt;
+    count = ucs_min(count, UCT_USNIC_CHANNEL_MAX_BURST);
+    for (n = 0, d = 0; (d < count) && (n < UCT_USNIC_SOCK_GSO_MAX_RUNS);
+         ++n) {
+        runs[n]          = uct_usnic_sock_gso_run(&dgrams[d], count - d);
+        msg              = &msgs[n].msg_hdr;
+        memset(msg, 0, sizeof(*msg));
+        msg->msg_name    = (void*)addr;
+        msg->msg_namelen = sizeof(*addr);
+        msg->msg_iov     = &iov[num_iov];
+        for (i = d; i < (d + runs[n]); ++i) {
+            memcpy(&iov[num_iov], dgrams[i].iov,
+                   sizeof(*iov) * dgrams[i].iovcnt);
+            num_iov += dgrams[i].iovcnt;
+        }
+        msg->msg_iovlen = &iov[num_iov] - msg->msg_iov;
+
+        if (runs[n] > 1) {
+            seg_size            = dgrams[d].length;
+            memset(control[n], 0, sizeof(control[n]));
+            msg->msg_control    = control[n];
+            msg->msg_controllen = sizeof(control[n]);
+            cmsg                = CMSG_FIRSTHDR(msg);
+            cmsg->cmsg_level    = SOL_UDP;
+            cmsg->cmsg_type     = UDP_SEGMENT;
+            cmsg->cmsg_len      = CMSG_LEN(sizeof(seg_size));
+            memcpy(CMSG_DATA(cmsg), &seg_size, sizeof(seg_size));
+        }
+        d += runs[n];
     }
 
-    cmsg->cmsg_level = SOL_UDP;
-    cmsg->cmsg_type  = UDP_SEGMENT;
-    cmsg->cmsg_len   = CMSG_LEN(sizeof(seg_size));
-    memcpy(CMSG_DATA(cmsg), &seg_size, sizeof(seg_size));
+    ret = sendmmsg(channel->sock.fd, msgs, n, MSG_DONTWAIT);
+    if (ret < 0) {
+        if ((uct_usnic_sock_errno() != -FI_EAGAIN) && (runs[0] > 1)) {
+            /* No offload on this path: one datagram per message instead */
+            ucs_debug("%s: UDP_SEGMENT send failed (%s), sending without "
+                      "segmentation offload from now on", channel->name,
+                      strerror(errno));
+            channel->sock.gso = 0;
+        }
+        return 0;
+    }
 
-    return (sendmsg(channel->sock.fd, &msg, MSG_DONTWAIT) >= 0) ?
-           0 : uct_usnic_sock_errno();
+    for (i = 0, sent = 0; i < ret; ++i) {
+        sent += runs[i];
+    }
+    return sent;
 }
 
 static unsigned uct_usnic_sock_send_mmsg(uct_usnic_channel_t *channel,
@@ -177,32 +210,21 @@ static unsigned uct_usnic_sock_send_burst(uct_usnic_channel_t *channel,
 {
     const struct sockaddr_in *addr = &channel->av->addrs[dest];
     unsigned sent                  = 0;
-    unsigned run, ret;
-    ssize_t status;
+    unsigned ret;
 
     ucs_assert(dest < channel->av->count);
     while (sent < count) {
-        run = channel->sock.gso ?
-              uct_usnic_sock_gso_run(&dgrams[sent], count - sent) : 1;
-        if (run > 1) {
-            status = uct_usnic_sock_send_gso(channel, &dgrams[sent], run,
-                                             addr);
-            if (status == 0) {
-                sent += run;
-                continue;
-            } else if (status == -FI_EAGAIN) {
-                break;
+        if (channel->sock.gso) {
+            ret = uct_usnic_sock_send_gso(channel, &dgrams[sent],
+                                          count - sent, addr);
+            if ((ret == 0) && !channel->sock.gso) {
+                continue; /* Again without offload */
             }
-
-            /* No offload on this path: one system call per burst instead */
-            ucs_debug("%s: UDP_SEGMENT send failed (%s), sending without "
-                      "segmentation offload from now on", channel->name,
-                      strerror(-status));
-            channel->sock.gso = 0;
+        } else {
+            ret = uct_usnic_sock_send_mmsg(channel, &dgrams[sent],
+                                           count - sent, addr);
         }
 
-        ret   = uct_usnic_sock_send_mmsg(channel, &dgrams[sent],
-                                         count - sent, addr);
         sent += ret;
         if (ret == 0) {
             break;

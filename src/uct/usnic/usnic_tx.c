@@ -141,11 +141,17 @@ void uct_usnic_tx_send_queued(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first)
     uct_usnic_iface_t *iface     = uct_usnic_ep_iface(ep);
     uct_usnic_channel_t *channel = &iface->channels[UCT_USNIC_CHANNEL_DATA];
     ucs_time_t now               = ucs_get_time();
-    uct_usnic_tx_desc_t *desc    = uct_usnic_tx_desc_next(ep, first);
     uct_usnic_dgram_t dgrams[UCT_USNIC_CHANNEL_MAX_BURST];
     uct_usnic_tx_desc_t *descs[UCT_USNIC_CHANNEL_MAX_BURST];
+    uct_usnic_tx_desc_t *desc;
     unsigned count, sent, i;
 
+    /* Messages held back go first, in the same burst */
+    if (ucs_unlikely(ep->held != NULL)) {
+        first = uct_usnic_bundle_take_held(ep);
+    }
+
+    desc             = uct_usnic_tx_desc_next(ep, first);
     ep->last_tx_time = now;
     if (ucs_likely(desc == NULL)) {
         uct_usnic_tx_send(iface, ep, first, now); /* A single datagram */
@@ -436,7 +442,8 @@ static void uct_usnic_tx_handle_sack(uct_usnic_iface_t *iface,
     uct_usnic_psn_t offset;
 
     ucs_queue_for_each(desc, &ep->window, queue) {
-        if (UCT_USNIC_PSN_GE(desc->psn, highest) || (budget == 0)) {
+        if (UCT_USNIC_PSN_GE(desc->psn, highest) || (budget == 0) ||
+            (desc == ep->held)) {
             break;
         }
 
@@ -473,7 +480,7 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
         return;
     }
 
-    if (UCT_USNIC_PSN_GE(ack_psn, ep->next_psn)) {
+    if (UCT_USNIC_PSN_GE(ack_psn, uct_usnic_ep_unposted_psn(ep))) {
         /* Acknowledges what was never sent */
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
         return;
@@ -555,8 +562,10 @@ static unsigned uct_usnic_tx_tail_probe(uct_usnic_iface_t *iface,
     uct_usnic_tx_desc_t *desc, *tail = NULL;
 
     ucs_queue_for_each(desc, &ep->window, queue) {
-        if (!(desc->flags & (UCT_USNIC_TX_DESC_FLAG_SACKED |
-                             UCT_USNIC_TX_DESC_FLAG_UNSENT))) {
+        if (desc == ep->held) {
+            break;
+        } else if (!(desc->flags & (UCT_USNIC_TX_DESC_FLAG_SACKED |
+                                    UCT_USNIC_TX_DESC_FLAG_UNSENT))) {
             tail = desc;
         }
     }
@@ -606,7 +615,7 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
     }
 
     ucs_queue_for_each(desc, &ep->window, queue) {
-        if ((count >= budget) ||
+        if ((count >= budget) || (desc == ep->held) ||
             (checked && !expired && (ep->unsent == 0))) {
             break;
         }

@@ -406,6 +406,53 @@ UCS_TEST_P(test_usnic_am, lone_message_not_held) {
     EXPECT_EQ(0u, iface->stats.tx_bundled);
 }
 
+/* Messages of several datagrams posted back to back share system calls
+ * where the provider sends a burst with one (kernel): held back, they still
+ * arrive intact, exactly once and in order */
+UCS_TEST_P(test_usnic_am, stream_bcopy_held) {
+    entity *sender            = add_sender();
+    const uct_usnic_iface_t *iface =
+            ucs_derived_of(sender->iface(), uct_usnic_iface_t);
+    size_t count              = 20000 / ucs::test_time_multiplier();
+    size_t length             = 3 * iface->config.max_payload;
+
+    for (size_t i = 0; i < count; ++i) {
+        send(sender, 0, length, SEND_BCOPY);
+    }
+    wait_all_received();
+    UCS_TEST_MESSAGE << count << " messages, " << iface->stats.tx_held
+                     << " of them held back";
+    if (ucs_derived_of(sender->md(), uct_usnic_md_t)->kernel) {
+        EXPECT_GT(iface->stats.tx_held, count / 4);
+    } else {
+        EXPECT_EQ(0u, iface->stats.tx_held);
+    }
+}
+
+/* A message posted after the application paused is not held back, however
+ * many datagrams it has and whatever is in flight */
+UCS_TEST_P(test_usnic_am, lone_bcopy_not_held) {
+    entity *sender            = add_sender();
+    const uct_usnic_iface_t *iface =
+            ucs_derived_of(sender->iface(), uct_usnic_iface_t);
+    ucs_time_t pause          = 2 * ucs_max(iface->config.hold_delay, 1);
+
+    for (int i = 0; i < 10; ++i) {
+        ucs_time_t deadline = ucs_get_time() + pause;
+        while (ucs_get_time() < deadline) {
+        }
+
+        send(sender, 0, 2 * iface->config.max_payload + i, SEND_BCOPY);
+        deadline = ucs_get_time() + ucs_time_from_sec(1);
+        while ((m_received < m_sent) && (ucs_get_time() < deadline)) {
+            m_receiver->progress();
+        }
+        ASSERT_EQ(m_sent, m_received) << "message " << i << " held back";
+    }
+    wait_all_received();
+    EXPECT_EQ(0u, iface->stats.tx_held);
+}
+
 UCS_TEST_P(test_usnic_am, stream_bcopy_random_sizes) {
     entity *sender = add_sender();
     size_t count   = 20000 / ucs::test_time_multiplier();
