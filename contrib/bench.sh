@@ -364,7 +364,10 @@ usnic_pair_run "${logs}/usnic_rss" t "${port}" "${pt[@]}" -- \
     -t am_bw -D short -s 8 -n "${rss_messages}" >/dev/null
 read -r rss_start rss_end rss_peak samples < <(awk '
     NR == 2 { start = $1 } { end = $1; if ($1 > peak) peak = $1 }
-    END { print start, end, peak, NR }' "${rss_log}")
+    END { if (NR < 2) { start = "-" } print start, end, peak, NR }' \
+    "${rss_log}")
+[ "${samples}" -ge 2 ] ||
+    echo "RSS: the stream ended within a second: give --rss-messages more"
 
 echo
 echo "Memory: usnic am_bw client streaming ${rss_messages} 8-byte messages (${samples} samples, one per second)"
