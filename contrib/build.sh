@@ -154,6 +154,38 @@ sync_module() {
     done
 }
 
+# No suite of UCX's own ucs and ucm unit tests is instantiated for usnic:
+# leave their sources (a third of them) out of the gtest binary, which
+# takes most of the build
+prune_gtest() {
+    local makefile=$1 marker='# usnic: without the ucs and ucm unit tests'
+    grep -qxF "${marker}" "${makefile}" && return 0
+    awk -v marker="${marker}" '
+        { line[NR] = $0 }
+        /^gtest_SOURCES = \\$/ { in_list = 1; next }
+        in_list && /^[ \t]+uc[sm]\/[^ ]*\.cc( \\)?$/ {
+            drop[NR] = 1
+            if ($0 !~ /\\$/) {
+                # It ended the list: the last line kept before it now does
+                for (i = NR - 1; drop[i] || (line[i] ~ /^[ \t]*\\$/); --i) {
+                    drop[i] = 1
+                }
+                sub(/[ \t]*\\$/, "", line[i])
+            }
+        }
+        in_list && !/\\$/ { in_list = 0 }
+        END {
+            for (i = 1; i <= NR; ++i) {
+                if (!drop[i]) {
+                    print line[i]
+                }
+            }
+            print ""
+            print marker
+        }' "${makefile}" >"${makefile}.usnic" &&
+        mv "${makefile}.usnic" "${makefile}"
+}
+
 # The few edits that make UCX build and test the module; each is applied
 # once, anchored on lines that exist in UCX 1.13 and 1.22 alike
 integrate_module() {
@@ -184,6 +216,7 @@ integrate_module() {
     grep -q 'include $(srcdir)/uct/usnic/gtest.am' "${ucx}/test/gtest/Makefile.am" ||
         sed -i 's|^noinst_HEADERS = \\$|include $(srcdir)/uct/usnic/gtest.am\n\n&|' \
             "${ucx}/test/gtest/Makefile.am"
+    prune_gtest "${ucx}/test/gtest/Makefile.am"
 
     grep -q 'src/uct/usnic/configure.m4' "${ucx}/src/uct/configure.m4" &&
         [ "$(grep -c '_UCT_INSTANTIATE_TEST_CASE(_test_case, usnic)' \
@@ -208,13 +241,15 @@ integrate_module() {
 # UCX builds in automake's maintainer mode off, so a changed Makefile.am is
 # not picked up by make: regenerate just the Makefiles that include ours
 makefiles_hash() {
+    local ucx=$1
     cat "${usnic_top}/src/uct/usnic/Makefile.am" \
-        "${usnic_top}/test/gtest/uct/usnic/gtest.am" | sha1sum | cut -d' ' -f1
+        "${usnic_top}/test/gtest/uct/usnic/gtest.am" \
+        "${ucx}/test/gtest/Makefile.am" | sha1sum | cut -d' ' -f1
 }
 
 refresh_makefiles() {
     local ucx=$1 stamp=${usnic_obj}/.usnic-makefiles stamp_new
-    stamp_new=$(makefiles_hash)
+    stamp_new=$(makefiles_hash "${ucx}")
     [ -f "${stamp}" ] && [ "$(cat "${stamp}")" = "${stamp_new}" ] && return 0
 
     usnic_log "regenerating the module's Makefiles"
@@ -261,7 +296,7 @@ configure_ucx() {
     grep -q '^#define HAVE_TL_USNIC 1' "${usnic_obj}/config.h" ||
         usnic_die "configure did not enable usnic; see ${logs}/configure.log"
     echo "${stamp_new}" >"${stamp}"
-    makefiles_hash >"${usnic_obj}/.usnic-makefiles"
+    makefiles_hash "${ucx}" >"${usnic_obj}/.usnic-makefiles"
 }
 
 make_ucx() {

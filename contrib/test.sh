@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 #
-# Build if needed, then run the usnic test suites in a network namespace that
-# holds only the loopback device (UCX's generic tests use every device the MD
-# lists, so nothing can reach a real network from there):
+# Build if needed, then run the usnic test suites in network namespaces that
+# hold only the loopback device (UCX's generic tests use every device the MD
+# lists, so nothing can reach a real network from there), in two lanes at
+# once (see USNIC_TEST_LANES):
 #   1. the module's own gtests (test/gtest/uct/usnic), over the default
 #      provider (the built-in kernel one here) and over libfabric's udp;
 #   2. UCX's generic UCT gtests instantiated for usnic (usnic/*), over
@@ -24,6 +25,10 @@
 #   USNIC_UCP_SUITES="tag_xfer am" contrib/test.sh    UCP suites to run
 #                                    (default: all of them; .ci/run splits
 #                                    them between its two legs)
+#   USNIC_TEST_LANES=1 contrib/test.sh  run the suites one after another
+#                                    (default 2: the udp suites, the UCP
+#                                    matrix and the content check in a
+#                                    second namespace, meanwhile)
 #   contrib/test.sh --asan           everything built with AddressSanitizer
 #                                    (its own leg, build/<leg>-asan)
 #
@@ -48,18 +53,28 @@ usnic_env
 [ -x "${usnic_gtest}" ] || usnic_die "no gtest binary at ${usnic_gtest}"
 
 netns=usnic-test-$$
+lane_netns=usnic-test2-$$
+lane_pid=
 results=${usnic_leg_dir}/test-results
 mkdir -p "${results}"
+rm -f "${results}/lane.count"
 
 cleanup() {
+    if [ -n "${lane_pid}" ]; then
+        pkill -P "${lane_pid}" 2>/dev/null || true
+        kill "${lane_pid}" 2>/dev/null || true
+    fi
     usnic_pair_cleanup
     ip netns delete "${netns}" 2>/dev/null || true
+    ip netns delete "${lane_netns}" 2>/dev/null || true
 }
 trap cleanup EXIT
 
-ip netns add "${netns}" ||
-    usnic_die "cannot create network namespace ${netns} (needs root)"
-ip -n "${netns}" link set lo up
+for ns in "${netns}" "${lane_netns}"; do
+    ip netns add "${ns}" ||
+        usnic_die "cannot create network namespace ${ns} (needs root)"
+    ip -n "${ns}" link set lo up
+done
 
 total_passed=0
 total_failed=0
@@ -153,12 +168,28 @@ run_ucp_matrix() {
 
 own='usnic/test_usnic_*'
 ucp='usnic/test_ucp_*'
-if [ -n "${GTEST_FILTER:-}" ]; then
-    run_suite selected "${GTEST_FILTER}"
-else
-    run_suite usnic-own "${own}"
-    run_suite usnic-generic "usnic/*-${own}:${ucp}"
-    # The same over libfabric's udp provider, as far as USNIC_UDP_SUITES asks
+
+# UCX's UCP suites named, each in a gtest run of its own
+run_ucp_suites() {
+    local suite
+
+    for suite in "$@"; do
+        # A shorter peer timeout keeps the peer failure suites brief; the
+        # others keep the default, so that a loaded machine cannot fail
+        # their eps
+        if [ "${suite}" = peer_failure ]; then
+            run_suite usnic-ucp-peer-failure 'usnic/test_ucp_peer_failure*' \
+                UCX_USNIC_TIMEOUT=3s
+        else
+            run_suite "usnic-ucp-${suite}" "usnic/test_ucp_${suite}*"
+        fi
+    done
+}
+
+# The suites over libfabric's udp provider, as far as USNIC_UDP_SUITES asks,
+# UCX's event tests (which need the event fd, off by default), the UCP
+# suites after the first, the UCP matrix and the content check over lo
+second_lane() {
     if [[ "${udp_suites}" == *" own "* ]]; then
         run_suite usnic-own-udp "${own}" UCX_USNIC_PROVIDER=udp
     fi
@@ -166,28 +197,57 @@ else
         run_suite usnic-generic-udp "usnic/*-${own}:${ucp}" \
             UCX_USNIC_PROVIDER=udp
     fi
-    # UCX's event tests need the event fd, which is off by default
     run_suite usnic-generic-event-fd 'usnic/test_uct_event*' \
         UCX_USNIC_EVENT_FD=y
-    # A shorter peer timeout keeps the peer failure suites brief; the others
-    # keep the default, so that a loaded machine cannot fail their eps
-    ucp_filter=
-    for suite in "${ucp_suites[@]}"; do
-        if [ "${suite}" = peer_failure ]; then
-            run_suite usnic-ucp-peer-failure 'usnic/test_ucp_peer_failure*' \
-                UCX_USNIC_TIMEOUT=3s
-        else
-            ucp_filter+="usnic/test_ucp_${suite}*:"
-        fi
-    done
-    if [ -n "${ucp_filter}" ]; then
-        run_suite usnic-ucp "${ucp_filter%:}"
-    fi
+    run_ucp_suites "${ucp_suites[@]:1}"
     run_ucp_matrix
     rc=0
     ip netns exec "${netns}" "${usnic_top}/contrib/ucp_check.sh" --lo \
         --no-build || rc=$?
     count "ucp_check over lo" "${rc}"
+}
+
+# The second lane in its own namespace, at the same time as the first: the
+# suites are mostly one busy thread each, and the machine has two cores
+start_second_lane() {
+    if [ "${USNIC_TEST_LANES:-2}" -lt 2 ]; then
+        return 0
+    fi
+
+    (
+        trap usnic_pair_cleanup EXIT
+        netns=${lane_netns}
+        total_passed=0
+        total_failed=0
+        second_lane
+        echo "${total_passed} ${total_failed}" >"${results}/lane.count"
+    ) &
+    lane_pid=$!
+}
+
+join_second_lane() {
+    local counts
+
+    if [ -z "${lane_pid}" ]; then
+        second_lane
+        return 0
+    fi
+
+    wait "${lane_pid}" || true
+    lane_pid=
+    counts=($(cat "${results}/lane.count" 2>/dev/null || echo "0 1"))
+    total_passed=$((total_passed + counts[0]))
+    total_failed=$((total_failed + counts[1]))
+}
+
+if [ -n "${GTEST_FILTER:-}" ]; then
+    run_suite selected "${GTEST_FILTER}"
+else
+    start_second_lane
+    run_suite usnic-own "${own}"
+    run_suite usnic-generic "usnic/*-${own}:${ucp}"
+    run_ucp_suites "${ucp_suites[0]}"
+    join_second_lane
 fi
 
 echo "${total_passed} passed, ${total_failed} failed"
