@@ -33,11 +33,12 @@
  *   - PUT secret 0: the live registration's secret (its id is 0);
  *   - PUT address below 2^32: the registered region's start plus the low
  *     32 bits taken as a signed offset.
+ * The two eps' random secrets are set to values the inputs can name: token
+ * 0, sequence numbers from 1.
  *
  * Every input starts from the same state: after it, the rx streams it left
  * are destroyed (in descending id order, so ids are handed out the same way
- * next time), descriptors the AM handler kept are released and the eps'
- * learned stream ids restored. An input must therefore open its streams
+ * next time) and descriptors the AM handler kept are released. An input must therefore open its streams
  * itself, with an open trailer; the first stream it opens on an iface has
  * id 0. UCX_USNIC_ACK_DELAY is 0 so that ACKs do not depend on timing.
  * The ifaces are re-created every UCT_USNIC_FUZZ_RESET_RUNS inputs: their
@@ -99,7 +100,6 @@ typedef struct uct_usnic_fuzz_iface {
     uct_usnic_device_addr_t dev_addr;
     uct_usnic_iface_addr_t  iface_addr;
     uct_ep_h                ep;             /* To the other iface */
-    uint32_t                ep_stream_id;   /* Learned in the warm-up */
     unsigned                am_count;       /* Delivered to the handler */
 } uct_usnic_fuzz_iface_t;
 
@@ -303,9 +303,18 @@ static void uct_usnic_fuzz_connect(uct_usnic_fuzz_iface_t *fiface,
         .dev_addr   = (const uct_device_addr_t*)&peer->dev_addr,
         .iface_addr = (const uct_iface_addr_t*)&peer->iface_addr
     };
+    uct_usnic_ep_t *ep;
 
     uct_usnic_fuzz_check_ok(uct_ep_create(&params, &fiface->ep),
                             "uct_ep_create");
+
+    /* Secrets the fuzzer can name: token 0, sequence from 1 */
+    ep               = ucs_derived_of(fiface->ep, uct_usnic_ep_t);
+    ep->token        = 0;
+    ep->first_psn    = 1;
+    ep->next_psn     = 1;
+    ep->acked_psn    = 0;
+    ep->recovery_psn = 0;
 }
 
 /* Destroy every rx stream, highest id first: the ids are then handed out
@@ -337,9 +346,6 @@ static void uct_usnic_fuzz_reset(void)
         fiface = &uct_usnic_fuzz.ifaces[i];
         uct_usnic_iface_enter(fiface->usnic);
         uct_usnic_fuzz_reset_streams(fiface->usnic);
-        /* A fuzzed ACK may have redirected the ep to another stream */
-        ucs_derived_of(fiface->ep, uct_usnic_ep_t)->peer_stream_id =
-                fiface->ep_stream_id;
         uct_usnic_iface_leave(fiface->usnic);
     }
 }
@@ -358,10 +364,6 @@ static void uct_usnic_fuzz_open_ifaces(void)
                            &ifaces[UCT_USNIC_FUZZ_R]);
     uct_usnic_fuzz_warm_up();
 
-    for (i = 0; i < UCT_USNIC_FUZZ_NUM_IFACES; ++i) {
-        ifaces[i].ep_stream_id =
-                ucs_derived_of(ifaces[i].ep, uct_usnic_ep_t)->peer_stream_id;
-    }
     uct_usnic_fuzz_progress(UCT_USNIC_FUZZ_PROGRESS);
     uct_usnic_fuzz_reset();
 }
@@ -556,14 +558,15 @@ static void uct_usnic_fuzz_seed_dgram(uct_usnic_fuzz_seed_t *seed,
     };
     uct_usnic_ack_ext_t ack  = {
         .ep_id     = 0,
-        .ep_serial = 1,
         .stream_id = 0,
-        .psn       = ack_psn
+        .psn       = ack_psn,
+        .token     = 0
     };
     uct_usnic_open_ext_t open = {
         .src_incarnation = 0,
         .src_ep_id       = 0,
-        .src_ep_serial   = 1
+        .src_ep_serial   = 1,
+        .first_psn       = 1
     };
     size_t length = sizeof(hdr) + body_len +
                     ((flags & UCT_USNIC_PKT_FLAG_ACK) ? sizeof(ack) : 0) +
@@ -594,8 +597,8 @@ static void uct_usnic_fuzz_seed_ack(uct_usnic_fuzz_seed_t *seed, uint8_t sel,
             .type    = UCT_USNIC_PKT_ACK
         },
         .body = {
-            .ack  = {.ep_id = 0, .ep_serial = 1, .stream_id = 0,
-                     .psn = ack_psn},
+            .ack  = {.ep_id = 0, .stream_id = 0, .psn = ack_psn,
+                     .token = 0},
             .sack = sack
         }
     };

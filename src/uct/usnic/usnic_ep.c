@@ -36,6 +36,18 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
         return UCS_ERR_INVALID_ADDR;
     }
 
+    /* Off the path, nobody can forge our packets or the ACKs for them
+     * without the token, nor guess where the sequence starts */
+    status = uct_usnic_random(&self->token, sizeof(self->token));
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    status = uct_usnic_random(&self->first_psn, sizeof(self->first_psn));
+    if (status != UCS_OK) {
+        return status;
+    }
+
     status = uct_usnic_iface_av_insert(iface, dev_addr->in_addr,
                                        if_addr->ports[UCT_USNIC_CHANNEL_DATA],
                                        &self->peer_fi_addr);
@@ -48,8 +60,8 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
     self->peer_incarnation = if_addr->incarnation;
     self->peer_stream_id   = UCT_USNIC_STREAM_ID_NONE;
     self->serial           = iface->next_ep_serial++;
-    self->next_psn         = 1;
-    self->acked_psn        = 0;
+    self->next_psn         = self->first_psn;
+    self->acked_psn        = self->first_psn - 1;
     self->tx_count         = 0;
     self->unsent           = 0;
     /* Replies to reads are paced by the requester, which asks only for
@@ -59,7 +71,7 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
                                         iface->config.cwnd_init;
     self->ssthresh         = iface->config.window;
     self->cwnd_acked       = 0;
-    self->recovery_psn     = 0;
+    self->recovery_psn     = self->acked_psn;
     self->rto              = iface->config.rto_min;
     self->srtt             = 0;
     self->rttvar           = 0;

@@ -74,9 +74,12 @@ typedef struct uct_usnic_ep {
     uint32_t              serial;          /* Unique within the iface */
     uint32_t              peer_incarnation;
     uint32_t              peer_stream_id;  /* NONE until the first ACK */
+    uint64_t              token;           /* Random: in every packet and
+                                              in every ACK for them */
     uct_usnic_device_addr_t peer_dev_addr;
     uct_usnic_iface_addr_t  peer_iface_addr;
     fi_addr_t             peer_fi_addr;    /* Peer's data channel */
+    uct_usnic_psn_t       first_psn;       /* Random, for the open trailer */
     uct_usnic_psn_t       next_psn;        /* PSN of the next new packet */
     uct_usnic_psn_t       acked_psn;       /* Everything up to here ACKed */
     unsigned              tx_count;        /* Packets in the window */

@@ -23,6 +23,7 @@
 #include <rdma/fi_endpoint.h>
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <sys/random.h>
 
 
 /* Link speed assumed when the device does not report one, bits/s */
@@ -709,7 +710,18 @@ static double uct_usnic_link_speed(const char *dev_name)
                               UCT_USNIC_DEFAULT_LINK_SPEED;
 }
 
-static void uct_usnic_iface_init_address(uct_usnic_iface_t *iface)
+ucs_status_t uct_usnic_random(void *buf, size_t length)
+{
+    if (getrandom(buf, length, 0) != (ssize_t)length) {
+        ucs_error("usnic: cannot read %zu random bytes from the kernel: %m",
+                  length);
+        return UCS_ERR_IO_ERROR;
+    }
+
+    return UCS_OK;
+}
+
+static ucs_status_t uct_usnic_iface_init_address(uct_usnic_iface_t *iface)
 {
     uct_usnic_device_addr_t *dev_addr = &iface->dev_addr;
     uct_usnic_channel_t *data         = &iface->channels[UCT_USNIC_CHANNEL_DATA];
@@ -720,7 +732,8 @@ static void uct_usnic_iface_init_address(uct_usnic_iface_t *iface)
     dev_addr->ns_id      = ucs_get_system_id() ^
                            (ucs_sys_get_ns(UCS_SYS_NS_TYPE_NET) *
                             0x9e3779b97f4a7c15ul);
-    iface->incarnation   = ucs_generate_uuid((uintptr_t)iface);
+    /* Unguessable, so that nobody off the path can address this iface */
+    return uct_usnic_random(&iface->incarnation, sizeof(iface->incarnation));
 }
 
 static void uct_usnic_iface_init_costs(uct_usnic_iface_t *iface,
@@ -1218,7 +1231,11 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
         }
     }
 
-    uct_usnic_iface_init_address(self);
+    status = uct_usnic_iface_init_address(self);
+    if (status != UCS_OK) {
+        goto err_cleanup_events;
+    }
+
     uct_usnic_iface_init_costs(self, dev_name,
                                md->info->fabric_attr->prov_name);
 
@@ -1259,7 +1276,8 @@ static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
               "messages held back, %lu resent (%lu timeouts, "
               "%lu tail probes, %lu read replies revoked), %lu standalone "
               "and %lu piggy-backed ACKs; rx %lu datagrams, %lu ACKs; "
-              "dropped: %lu invalid, %lu stale, %lu no stream, %lu duplicate, "
+              "dropped: %lu invalid, %lu stale, %lu forged, %lu no stream, "
+              "%lu duplicate, "
               "%lu out of window, %lu no resource, %lu PUT key, %lu PUT range, "
               "%lu GET key, %lu GET range, %lu bad checksum",
               iface, iface->stats.tx_packets, iface->stats.tx_bundled,
@@ -1269,6 +1287,7 @@ static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
               iface->stats.tx_piggy_acks,
               iface->stats.rx_packets, iface->stats.rx_acks,
               drop[UCT_USNIC_RX_DROP_INVALID], drop[UCT_USNIC_RX_DROP_STALE],
+              drop[UCT_USNIC_RX_DROP_FORGED],
               drop[UCT_USNIC_RX_DROP_NO_STREAM],
               drop[UCT_USNIC_RX_DROP_DUPLICATE],
               drop[UCT_USNIC_RX_DROP_OUT_OF_WINDOW],

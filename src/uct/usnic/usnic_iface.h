@@ -46,6 +46,10 @@ typedef enum {
 typedef enum {
     UCT_USNIC_RX_DROP_INVALID,     /* Not a datagram of this protocol */
     UCT_USNIC_RX_DROP_STALE,       /* For another incarnation of this iface */
+    UCT_USNIC_RX_DROP_FORGED,      /* Wrong token, or an open trailer or ACK
+                                      that contradicts its stream: forged,
+                                      or for a stream or ep long gone whose
+                                      id was reused */
     UCT_USNIC_RX_DROP_NO_STREAM,   /* Unknown stream or ep, or a reply to
                                       no outstanding read */
     UCT_USNIC_RX_DROP_DUPLICATE,   /* Already delivered */
@@ -231,6 +235,9 @@ typedef struct uct_usnic_iface {
 
 ucs_status_t uct_usnic_iface_get_address(uct_iface_h tl_iface,
                                          uct_iface_addr_t *addr);
+
+/* Fill a buffer from the kernel's random source */
+ucs_status_t uct_usnic_random(void *buf, size_t length);
 
 ucs_status_t uct_usnic_iface_av_insert(uct_usnic_iface_t *iface,
                                        uint32_t in_addr, uint16_t port,

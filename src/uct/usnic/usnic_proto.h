@@ -18,7 +18,7 @@
  * All fields are little-endian, except addresses and ports (network order).
  */
 
-#define UCT_USNIC_PROTO_VERSION 2
+#define UCT_USNIC_PROTO_VERSION 3
 
 /* Stream id of a packet whose sender does not know the receiver's stream
  * yet: the packet carries an open extension instead */
@@ -69,7 +69,7 @@ enum {
 
 
 /**
- * Header of every datagram (16 bytes).
+ * Header of every datagram (24 bytes).
  */
 typedef struct uct_usnic_hdr {
     uint8_t  version;     /* UCT_USNIC_PROTO_VERSION */
@@ -79,13 +79,15 @@ typedef struct uct_usnic_hdr {
     uint32_t incarnation; /* Receiving iface's incarnation */
     uint32_t stream_id;   /* AM, PUT: receiver's stream; ACK: 0 */
     uint32_t psn;         /* AM, PUT: sequence number; ACK: 0 */
+    uint64_t token;       /* AM, PUT: the stream's secret; ACK: 0 */
 } UCS_S_PACKED uct_usnic_hdr_t;
 
 
 /**
  * Open trailer: who sends, so the receiver can create its stream and send
  * ACKs back. Carried at the end of data packets (so the payload offset stays
- * fixed) until the first ACK tells the sender the receiver's stream id.
+ * fixed) until the first ACK tells the sender the receiver's stream id. The
+ * stream's token is the header's.
  */
 typedef struct uct_usnic_open_ext {
     uint32_t src_incarnation; /* Sending iface */
@@ -94,6 +96,7 @@ typedef struct uct_usnic_open_ext {
     uint32_t src_in_addr;     /* Sending iface's IPv4 address */
     uint16_t src_prio_port;   /* Where ACKs go */
     uint16_t src_data_port;
+    uint32_t first_psn;       /* Random, so that nobody can guess the next */
 } UCS_S_PACKED uct_usnic_open_ext_t;
 
 
@@ -160,9 +163,10 @@ typedef struct uct_usnic_bundle_rec {
  */
 typedef struct uct_usnic_ack_ext {
     uint32_t ep_id;     /* Acknowledged ep at the receiver of the packet */
-    uint32_t ep_serial; /* Its serial, from its open trailer */
     uint32_t stream_id; /* Acknowledging stream: the ep sends to it */
     uint32_t psn;       /* Cumulative ACK */
+    uint64_t token;     /* The acknowledged ep's, from its packets: only the
+                           receiver of those can know it */
 } UCS_S_PACKED uct_usnic_ack_ext_t;
 
 

@@ -54,8 +54,8 @@ uct_usnic_rx_ooo_slot(const uct_usnic_iface_t *iface, uct_usnic_psn_t psn)
 
 static uct_usnic_rx_stream_t *
 uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
-                           const uct_usnic_open_ext_t *open, uint64_t key,
-                           uct_usnic_psn_t first_psn)
+                           const uct_usnic_hdr_t *hdr,
+                           const uct_usnic_open_ext_t *open, uint64_t key)
 {
     uct_usnic_rx_stream_t *stream;
     ucs_status_t status;
@@ -84,10 +84,11 @@ uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
     stream->id           = ucs_ptr_array_insert(&iface->streams, stream);
     stream->open_seq     = iface->streams_opened++;
     stream->key          = key;
+    stream->token        = hdr->token;
     stream->src_ep_id    = open->src_ep_id;
     stream->src_in_addr  = open->src_in_addr;
     stream->src_port     = open->src_data_port;
-    stream->expected_psn = first_psn;
+    stream->expected_psn = open->first_psn;
     ucs_list_head_init(&stream->ack_list);
     kh_value(&iface->stream_hash, iter) = stream->id;
 
@@ -128,7 +129,21 @@ void uct_usnic_rx_stream_destroy(uct_usnic_iface_t *iface,
     ucs_free(stream);
 }
 
-/* Find the stream of an AM packet, creating it on an open trailer */
+/* Whether a packet with an open trailer comes from the stream's sender */
+static int uct_usnic_rx_stream_opened_by(const uct_usnic_rx_stream_t *stream,
+                                         const uct_usnic_hdr_t *hdr,
+                                         const uct_usnic_open_ext_t *open)
+{
+    return (hdr->token == stream->token) &&
+           (open->src_ep_id == stream->src_ep_id) &&
+           (open->src_in_addr == stream->src_in_addr) &&
+           (open->src_data_port == stream->src_port);
+}
+
+/*
+ * Find the stream of a data packet, creating it on an open trailer. Only
+ * packets that carry the token of the stream's opener get further.
+ */
 static uct_usnic_rx_stream_t *
 uct_usnic_rx_stream_get(uct_usnic_iface_t *iface, const uct_usnic_hdr_t *hdr,
                         const uct_usnic_open_ext_t *open)
@@ -140,6 +155,9 @@ uct_usnic_rx_stream_get(uct_usnic_iface_t *iface, const uct_usnic_hdr_t *hdr,
     if (hdr->stream_id != UCT_USNIC_STREAM_ID_NONE) {
         if (!ucs_ptr_array_lookup(&iface->streams, hdr->stream_id, stream)) {
             uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_STREAM);
+            return NULL;
+        } else if (ucs_unlikely(hdr->token != stream->token)) {
+            uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_FORGED);
             return NULL;
         }
         return stream;
@@ -158,6 +176,9 @@ uct_usnic_rx_stream_get(uct_usnic_iface_t *iface, const uct_usnic_hdr_t *hdr,
                                   stream)) {
             uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_STREAM);
             return NULL;
+        } else if (!uct_usnic_rx_stream_opened_by(stream, hdr, open)) {
+            uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_FORGED);
+            return NULL;
         }
         return stream;
     }
@@ -170,9 +191,9 @@ uct_usnic_rx_stream_get(uct_usnic_iface_t *iface, const uct_usnic_hdr_t *hdr,
         return NULL;
     }
 
-    /* Every ep starts at PSN 1; an open trailer on a later PSN means the
-     * start of the stream was lost and will be resent */
-    stream = uct_usnic_rx_stream_create(iface, open, key, 1);
+    /* A packet after the first may open the stream: the first was lost
+     * and will be resent */
+    stream = uct_usnic_rx_stream_create(iface, hdr, open, key);
     if (stream == NULL) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_RESOURCE);
     }
@@ -645,9 +666,9 @@ void uct_usnic_rx_ack_take(uct_usnic_rx_stream_t *stream,
                            uct_usnic_ack_ext_t *ack)
 {
     ack->ep_id     = stream->src_ep_id;
-    ack->ep_serial = (uint32_t)stream->key;
     ack->stream_id = stream->id;
     ack->psn       = stream->expected_psn - 1;
+    ack->token     = stream->token;
 
     stream->unacked = 0;
     stream->ack_now = 0;
@@ -676,6 +697,7 @@ static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
     packet.hdr.incarnation      = uct_usnic_rx_stream_peer(stream);
     packet.hdr.stream_id        = 0;
     packet.hdr.psn              = 0;
+    packet.hdr.token            = 0;
     packet.body.src_incarnation = iface->incarnation;
     packet.body.sack            = 0;
 
@@ -730,7 +752,8 @@ ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
     if (ucs_unlikely((length != (sizeof(*hdr) + sizeof(*body))) ||
                      (hdr->flags & ~UCT_USNIC_ACK_FLAGS_ALL) ||
                      (hdr->am_id != 0) ||
-                     (hdr->stream_id != 0) || (hdr->psn != 0))) {
+                     (hdr->stream_id != 0) || (hdr->psn != 0) ||
+                     (hdr->token != 0))) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
         return UCS_OK;
     }

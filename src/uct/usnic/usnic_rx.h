@@ -29,6 +29,7 @@ typedef struct uct_usnic_am_buf {
 typedef struct uct_usnic_rx_stream {
     uint32_t             id;              /* Index in iface->streams */
     uint64_t             key;             /* Sender incarnation and ep */
+    uint64_t             token;           /* Sender ep's secret */
     uint64_t             open_seq;        /* Streams the iface opened
                                              before this one */
     uint32_t             src_ep_id;       /* Addressee of our ACKs */

@@ -232,6 +232,7 @@ void uct_usnic_tx_queue_zcopy(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
     hdr->incarnation = ep->peer_incarnation;
     hdr->stream_id   = ep->peer_stream_id;
     hdr->psn         = ep->next_psn++;
+    hdr->token       = ep->token;
     desc->zcopy.head = sizeof(*hdr) + body_length;
     desc->length     = desc->zcopy.head + desc->zcopy.length;
 
@@ -251,6 +252,7 @@ void uct_usnic_tx_queue_zcopy(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
                 iface->channels[UCT_USNIC_CHANNEL_PRIO].addr.sin_port;
         open->src_data_port   =
                 iface->channels[UCT_USNIC_CHANNEL_DATA].addr.sin_port;
+        open->first_psn       = ep->first_psn;
         desc->length         += sizeof(*open);
     }
 
@@ -442,7 +444,7 @@ static void uct_usnic_tx_handle_sack(uct_usnic_iface_t *iface,
     uct_usnic_psn_t offset;
 
     ucs_queue_for_each(desc, &ep->window, queue) {
-        if (UCT_USNIC_PSN_GE(desc->psn, highest) || (budget == 0) ||
+        if (UCT_USNIC_PSN_GT(desc->psn, highest) || (budget == 0) ||
             (desc == ep->held)) {
             break;
         }
@@ -474,9 +476,22 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
     uct_usnic_ep_t *ep;
 
     if (!ucs_ptr_array_lookup(&iface->eps, ack->ep_id, ep) ||
-        (ep->serial != ack->ep_serial) ||
         (ep->peer_incarnation != src_incarnation)) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_STREAM);
+        return;
+    }
+
+    /* Only the peer has seen the token; and the stream the ep sends to,
+     * once known, never changes */
+    if ((ack->token != ep->token) ||
+        ((ep->peer_stream_id != UCT_USNIC_STREAM_ID_NONE) &&
+         (ack->stream_id != ep->peer_stream_id))) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_FORGED);
+        return;
+    }
+
+    if (ack->stream_id == UCT_USNIC_STREAM_ID_NONE) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
         return;
     }
 
@@ -548,6 +563,17 @@ uct_usnic_tx_ep_timed_out(const uct_usnic_iface_t *iface,
                           const uct_usnic_ep_t *ep, ucs_time_t now)
 {
     return uct_usnic_elapsed(now, ep->progress_time) > iface->config.timeout;
+}
+
+/* What selective ACKs said the peer has is advice, not a promise: the peer
+ * may have dropped what it kept out of order, or the ACKs were forged */
+static void uct_usnic_tx_forget_sacks(uct_usnic_ep_t *ep)
+{
+    uct_usnic_tx_desc_t *desc;
+
+    ucs_queue_for_each(desc, &ep->window, queue) {
+        desc->flags &= ~UCT_USNIC_TX_DESC_FLAG_SACKED;
+    }
 }
 
 /*
@@ -626,11 +652,15 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
                 break; /* the send queue is still full */
             }
             ++count;
-        } else if (desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED) {
-            continue;
         } else if (!checked) {
+            /* The oldest the peer did not acknowledge: a selective ACK may
+             * have said that the peer has it, but the peer would then have
+             * acknowledged it by now */
             checked = 1;
             if (uct_usnic_elapsed(now, desc->send_time) >= rto) {
+                if (desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED) {
+                    uct_usnic_tx_forget_sacks(ep);
+                }
                 expired    = 1;
                 resend_all = (desc->resends > 0);
                 ++iface->stats.tx_timeouts;
@@ -645,6 +675,8 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
                 probe = (uct_usnic_elapsed(now, desc->send_time) >= pto) &&
                         (uct_usnic_elapsed(now, ep->progress_time) >= pto);
             }
+        } else if (desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED) {
+            continue;
         } else if (expired &&
                    (resend_all ||
                     (uct_usnic_elapsed(now, desc->send_time) >= rto))) {

@@ -1035,6 +1035,44 @@ UCS_TEST_P(test_usnic_faults, tail_loss_probe) {
     EXPECT_GE(iface->stats.tx_resends, dropped);
 }
 
+/*
+ * Two messages lost, and a selective ACK (forged, or from a receiver that
+ * since dropped what it kept) saying that the second arrived: once the
+ * cumulative ACKs stop short of it, it is resent all the same.
+ */
+UCS_TEST_P(test_usnic_faults, sack_is_advice) {
+    entity *sender = start({{"FAULT_DROP", "1"},
+                            {"FAULT_CHANNELS", "data"},
+                            {"BUNDLE_DELAY", "0"},
+                            {"TIMEOUT", "3s"}});
+    uct_usnic_iface_t *iface = usnic_iface(sender);
+    uct_usnic_ep_t *ep       = ucs_derived_of(sender->ep(0), uct_usnic_ep_t);
+    uct_usnic_fault_t *fault = iface->channels[UCT_USNIC_CHANNEL_DATA].fault;
+    uct_usnic_tx_desc_t *desc;
+
+    ASSERT_NE(nullptr, fault);
+    usnic_iface(m_receiver)->channels[UCT_USNIC_CHANNEL_DATA]
+            .fault->prob[UCT_USNIC_FAULT_DROP] = 0;
+    fault->prob[UCT_USNIC_FAULT_DROP]           = 0;
+    send(sender, 0, sizeof(message), SEND_BCOPY); /* Opens the stream */
+    wait_all_received();
+
+    fault->prob[UCT_USNIC_FAULT_DROP] = 1;
+    send(sender, 0, sizeof(message), SEND_BCOPY);
+    send(sender, 0, sizeof(message), SEND_BCOPY);
+    fault->prob[UCT_USNIC_FAULT_DROP] = 0;
+    ASSERT_EQ(2u, injected(sender, UCT_USNIC_FAULT_DROP));
+    ASSERT_EQ(2u, ep->tx_count);
+
+    usnic_test::ack_ep(ep, ep->acked_psn, 1);
+    desc = ucs_queue_tail_elem_non_empty(&ep->window, uct_usnic_tx_desc_t,
+                                         queue);
+    ASSERT_TRUE(desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED);
+
+    wait_all_received();
+    EXPECT_EQ(UCS_OK, ep->status);
+}
+
 /* For memory checkers: USNIC_TEST_STREAM_SECONDS (default 2) of streaming
  * under light faults, which exercise every recovery path */
 UCS_TEST_P(test_usnic_faults, timed_stream) {

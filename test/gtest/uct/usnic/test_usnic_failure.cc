@@ -6,6 +6,7 @@
 
 #include <common/test.h>
 #include <uct/uct_test.h>
+#include "usnic_test.h"
 
 extern "C" {
 #include <uct/usnic/usnic_ep.h>
@@ -353,19 +354,10 @@ protected:
     /* What the receiver sent last for this ep, once more */
     void duplicate_last_ack(unsigned index)
     {
-        uct_usnic_ep_t *ep       = ucs_derived_of(m_sender->ep(index),
-                                                  uct_usnic_ep_t);
-        uct_usnic_iface_t *iface = ucs_derived_of(m_sender->iface(),
-                                                  uct_usnic_iface_t);
-        uct_usnic_ack_ext_t ack;
+        uct_usnic_ep_t *ep = ucs_derived_of(m_sender->ep(index),
+                                            uct_usnic_ep_t);
 
-        ack.ep_id     = ep->id;
-        ack.ep_serial = ep->serial;
-        ack.stream_id = ep->peer_stream_id;
-        ack.psn       = ep->acked_psn;
-        uct_usnic_iface_enter(iface);
-        uct_usnic_tx_handle_ack(iface, &ack, ep->peer_incarnation, 0, 0);
-        uct_usnic_iface_leave(iface);
+        usnic_test::ack_ep(ep, ep->acked_psn);
     }
 };
 

@@ -6,6 +6,7 @@
 
 #include <common/test.h>
 #include <uct/uct_test.h>
+#include "usnic_test.h"
 
 extern "C" {
 #include <uct/usnic/usnic_iface.h>
@@ -103,21 +104,6 @@ protected:
         }
         closedir(dir);
         return count;
-    }
-
-    /* Send a raw UDP datagram to one channel of the iface */
-    static void send_datagram(uct_usnic_iface_t *iface,
-                              uct_usnic_channel_id_t id, const void *data,
-                              size_t length)
-    {
-        struct sockaddr_in dest = iface->channels[id].addr;
-        int fd                  = socket(AF_INET, SOCK_DGRAM, 0);
-
-        ASSERT_GE(fd, 0);
-        EXPECT_EQ((ssize_t)length,
-                  sendto(fd, data, length, 0, (struct sockaddr*)&dest,
-                         sizeof(dest)));
-        close(fd);
     }
 
     uint64_t wait_for_drops(uct_usnic_iface_t *iface, uint64_t expected)
@@ -339,10 +325,11 @@ UCS_TEST_P(test_usnic_iface, foreign_datagrams_dropped) {
     char garbage[64];
 
     memset(garbage, 0xa5, sizeof(garbage));
-    send_datagram(iface, UCT_USNIC_CHANNEL_DATA, garbage, sizeof(garbage));
+    usnic_test::send_datagram(iface, UCT_USNIC_CHANNEL_DATA, garbage,
+                              sizeof(garbage));
     EXPECT_EQ(1u, wait_for_drops(iface, 1));
 
-    send_datagram(iface, UCT_USNIC_CHANNEL_PRIO, garbage, 1);
+    usnic_test::send_datagram(iface, UCT_USNIC_CHANNEL_PRIO, garbage, 1);
     EXPECT_EQ(2u, wait_for_drops(iface, 2));
 
     /* Receive buffers are reposted: many times the receive queue length
@@ -351,8 +338,8 @@ UCS_TEST_P(test_usnic_iface, foreign_datagrams_dropped) {
     unsigned total    = 3 * iface->channels[UCT_USNIC_CHANNEL_DATA]
                                     .rx_queue_len;
     for (unsigned i = 0; i < total; ++i) {
-        send_datagram(iface, UCT_USNIC_CHANNEL_DATA, garbage,
-                      sizeof(garbage));
+        usnic_test::send_datagram(iface, UCT_USNIC_CHANNEL_DATA, garbage,
+                                  sizeof(garbage));
         ++expected;
         if ((i % 32) == 31) {
             ASSERT_EQ(expected, wait_for_drops(iface, expected));
@@ -376,10 +363,7 @@ protected:
         uct_usnic_open_ext_t open;
     } UCS_S_PACKED;
 
-    struct ack_datagram {
-        uct_usnic_hdr_t      hdr;
-        uct_usnic_ack_body_t body;
-    } UCS_S_PACKED;
+    typedef usnic_test::ack_datagram ack_datagram;
 
     void init()
     {
@@ -410,11 +394,13 @@ protected:
         dgram.hdr.incarnation      = iface->incarnation;
         dgram.hdr.stream_id        = UCT_USNIC_STREAM_ID_NONE;
         dgram.hdr.psn              = 1;
+        dgram.hdr.token            = 0x70ce;
         dgram.open.src_incarnation = 0x5eed;
         dgram.open.src_ep_serial   = m_next_serial++;
         dgram.open.src_in_addr     = htonl(INADDR_LOOPBACK);
         dgram.open.src_prio_port   = htons(9);
         dgram.open.src_data_port   = htons(9);
+        dgram.open.first_psn       = 1;
         return dgram;
     }
 
@@ -439,22 +425,12 @@ protected:
                        size_t length)
     {
         uct_usnic_iface_t *iface = usnic_iface(m_entity);
-        uint64_t seen            = iface->stats.rx_packets;
+        uint64_t seen            = usnic_test::rx_seen(iface);
         ucs_time_t deadline      = ucs_get_time() + ucs_time_from_sec(10);
 
-        for (int reason = 0; reason < UCT_USNIC_RX_DROP_LAST; ++reason) {
-            seen += iface->stats.rx_drop[reason];
-        }
-
-        send_datagram(iface, id, data, length);
-        for (;;) {
-            uint64_t now = iface->stats.rx_packets;
-            for (int reason = 0; reason < UCT_USNIC_RX_DROP_LAST; ++reason) {
-                now += iface->stats.rx_drop[reason];
-            }
-            if ((now > seen) || (ucs_get_time() > deadline)) {
-                break;
-            }
+        usnic_test::send_datagram(iface, id, data, length);
+        while ((usnic_test::rx_seen(iface) == seen) &&
+               (ucs_get_time() < deadline)) {
             progress();
         }
     }
@@ -548,6 +524,10 @@ UCS_TEST_P(test_usnic_iface_malformed, fields_checked) {
     ack_dgram         = ack();
     ack_dgram.hdr.psn = 1;
     expect_invalid(prio, &ack_dgram, sizeof(ack_dgram), "ACK with a psn");
+
+    ack_dgram           = ack();
+    ack_dgram.hdr.token = 1;
+    expect_invalid(prio, &ack_dgram, sizeof(ack_dgram), "ACK with a token");
 
     ack_dgram           = ack();
     ack_dgram.hdr.flags = UCS_BIT(7);

@@ -709,6 +709,7 @@ UCS_TEST_P(test_usnic_put, forged_datagram) {
     packet.open.src_in_addr     = htonl(INADDR_LOOPBACK);
     packet.open.src_prio_port   = htons(9);
     packet.open.src_data_port   = htons(9);
+    packet.open.first_psn       = 1;
 
     fd = socket(AF_INET, SOCK_DGRAM, 0);
     ASSERT_GE(fd, 0);

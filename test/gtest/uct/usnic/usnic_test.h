@@ -10,6 +10,13 @@
 #include <common/test.h>
 #include <uct/api/uct.h>
 
+extern "C" {
+#include <uct/usnic/usnic_ep.h>
+#include <uct/usnic/usnic_iface.h>
+#include <uct/usnic/usnic_proto.h>
+}
+
+#include <sys/socket.h>
 #include <vector>
 
 
@@ -35,6 +42,54 @@ random_iov(uint8_t *buffer, size_t length, size_t max_iov)
     }
 
     return iov;
+}
+
+/* A standalone ACK as it travels */
+struct ack_datagram {
+    uct_usnic_hdr_t      hdr;
+    uct_usnic_ack_body_t body;
+} UCS_S_PACKED;
+
+/* Hand the ep an ACK from its peer, as the peer would make it: up to psn,
+ * with the selective-ACK bits given */
+static inline void ack_ep(uct_usnic_ep_t *ep, uct_usnic_psn_t psn,
+                          uint64_t sack = 0)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    uct_usnic_ack_ext_t ack;
+
+    ack.ep_id     = ep->id;
+    ack.stream_id = ep->peer_stream_id;
+    ack.psn       = psn;
+    ack.token     = ep->token;
+    uct_usnic_iface_enter(iface);
+    uct_usnic_tx_handle_ack(iface, &ack, ep->peer_incarnation, sack, 0);
+    uct_usnic_iface_leave(iface);
+}
+
+/* Datagrams an iface has taken or dropped on receive */
+static inline uint64_t rx_seen(const uct_usnic_iface_t *iface)
+{
+    uint64_t seen = iface->stats.rx_packets + iface->stats.rx_acks;
+
+    for (int reason = 0; reason < UCT_USNIC_RX_DROP_LAST; ++reason) {
+        seen += iface->stats.rx_drop[reason];
+    }
+    return seen;
+}
+
+/* Send a raw UDP datagram to one channel of an iface */
+static inline void send_datagram(const uct_usnic_iface_t *iface,
+                                 uct_usnic_channel_id_t id, const void *data,
+                                 size_t length)
+{
+    struct sockaddr_in dest = iface->channels[id].addr;
+    int fd                  = socket(AF_INET, SOCK_DGRAM, 0);
+
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ((ssize_t)length, sendto(fd, data, length, 0,
+                                      (struct sockaddr*)&dest, sizeof(dest)));
+    close(fd);
 }
 
 } // namespace usnic_test

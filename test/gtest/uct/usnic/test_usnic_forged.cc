@@ -1,0 +1,268 @@
+/**
+ * Copyright (c) uct_usnic contributors. ALL RIGHTS RESERVED.
+ *
+ * See file LICENSE for terms.
+ */
+
+#include <common/test.h>
+#include <uct/uct_test.h>
+#include "usnic_test.h"
+
+extern "C" {
+#include <uct/usnic/usnic_ep.h>
+#include <uct/usnic/usnic_rx.h>
+}
+
+#include <functional>
+#include <vector>
+
+
+/*
+ * Datagrams forged off the path: by someone who knows the protocol, the
+ * addresses, ports, incarnations, ep ids and sequence numbers, but has not
+ * seen the stream's token. Nothing they send is delivered or taken as an
+ * ACK; the same datagram with the token is, so the token is what stopped it.
+ */
+class test_usnic_forged : public uct_test {
+protected:
+    static const uint8_t AM_ID = 9;
+
+    struct am_datagram {
+        uct_usnic_hdr_t hdr;
+        uint64_t        payload;
+    } UCS_S_PACKED;
+
+    struct open_datagram {
+        am_datagram          am;
+        uct_usnic_open_ext_t open;
+    } UCS_S_PACKED;
+
+    void init()
+    {
+        uct_test::init();
+        /* Each AM goes at once, on its own */
+        modify_config("BUNDLE_DELAY", "0", IGNORE_IF_NOT_EXIST);
+        modify_config("USNIC_BUNDLE_DELAY", "0", IGNORE_IF_NOT_EXIST);
+        m_receiver = create_entity(0);
+        m_entities.push_back(m_receiver);
+        m_sender = create_entity(0);
+        m_entities.push_back(m_sender);
+        m_sender->connect(0, *m_receiver, 0);
+        ASSERT_UCS_OK(uct_iface_set_am_handler(m_receiver->iface(), AM_ID,
+                                               am_handler, this, 0));
+    }
+
+    static ucs_status_t am_handler(void *arg, void *data, size_t length,
+                                   unsigned flags)
+    {
+        test_usnic_forged *self = (test_usnic_forged*)arg;
+        uint64_t payload;
+
+        EXPECT_EQ(sizeof(payload), length);
+        memcpy(&payload, data, sizeof(payload));
+        self->m_payloads.push_back(payload);
+        return UCS_OK;
+    }
+
+    static uct_usnic_iface_t *usnic_iface(entity *e)
+    {
+        return ucs_derived_of(e->iface(), uct_usnic_iface_t);
+    }
+
+    uct_usnic_ep_t *sender_ep(unsigned index = 0)
+    {
+        return ucs_derived_of(m_sender->ep(index), uct_usnic_ep_t);
+    }
+
+    uct_usnic_rx_stream_t *rx_stream()
+    {
+        void *stream = NULL;
+
+        EXPECT_TRUE(ucs_ptr_array_lookup(&usnic_iface(m_receiver)->streams,
+                                         sender_ep()->peer_stream_id,
+                                         stream));
+        return (uct_usnic_rx_stream_t*)stream;
+    }
+
+    static uint64_t drops(entity *e, uct_usnic_rx_drop_t reason)
+    {
+        return usnic_iface(e)->stats.rx_drop[reason];
+    }
+
+    /* Progress only e until done() or 10 s have passed */
+    static bool progress_until(entity *e, const std::function<bool()> &done)
+    {
+        ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(10);
+
+        while (!done() && (ucs_get_time() < deadline)) {
+            e->progress();
+        }
+        return done();
+    }
+
+    /* Send a raw datagram to e, and progress only e until it took it */
+    void send_and_wait(entity *e, uct_usnic_channel_id_t id, const void *data,
+                       size_t length)
+    {
+        uint64_t seen = usnic_test::rx_seen(usnic_iface(e));
+
+        usnic_test::send_datagram(usnic_iface(e), id, data, length);
+        EXPECT_TRUE(progress_until(e, [&]() {
+            return usnic_test::rx_seen(usnic_iface(e)) > seen;
+        }));
+    }
+
+    /* A genuine AM, delivered and acknowledged */
+    void send_genuine(uint64_t payload)
+    {
+        uct_usnic_ep_t *ep = sender_ep();
+        size_t count       = m_payloads.size();
+
+        ASSERT_UCS_OK(uct_ep_am_short(m_sender->ep(0), AM_ID, payload, NULL,
+                                      0));
+        while ((m_payloads.size() == count) || (ep->tx_count > 0)) {
+            progress();
+        }
+        ASSERT_EQ(payload, m_payloads.back());
+    }
+
+    /* The datagram the sender would send next, with the token given */
+    am_datagram next_am(uint64_t payload, uint64_t token)
+    {
+        uct_usnic_ep_t *ep = sender_ep();
+        am_datagram dgram  = {};
+
+        dgram.hdr.version     = UCT_USNIC_PROTO_VERSION;
+        dgram.hdr.type        = UCT_USNIC_PKT_AM;
+        dgram.hdr.flags       = UCT_USNIC_PKT_FLAG_FIRST |
+                                UCT_USNIC_PKT_FLAG_LAST;
+        dgram.hdr.am_id       = AM_ID;
+        dgram.hdr.incarnation = ep->peer_incarnation;
+        dgram.hdr.stream_id   = ep->peer_stream_id;
+        dgram.hdr.psn         = ep->next_psn;
+        dgram.hdr.token       = token;
+        dgram.payload         = payload;
+        return dgram;
+    }
+
+    /* An ACK from the receiver to the sender's ep */
+    usnic_test::ack_datagram ack(uct_usnic_psn_t psn, uint64_t token)
+    {
+        uct_usnic_ep_t *ep = sender_ep();
+        usnic_test::ack_datagram dgram = {};
+
+        dgram.hdr.version           = UCT_USNIC_PROTO_VERSION;
+        dgram.hdr.type              = UCT_USNIC_PKT_ACK;
+        dgram.hdr.incarnation       = usnic_iface(m_sender)->incarnation;
+        dgram.body.ack.ep_id        = ep->id;
+        dgram.body.ack.stream_id    = ep->peer_stream_id;
+        dgram.body.ack.psn          = psn;
+        dgram.body.ack.token        = token;
+        dgram.body.src_incarnation  = ep->peer_incarnation;
+        return dgram;
+    }
+
+    entity                *m_sender;
+    entity                *m_receiver;
+    std::vector<uint64_t> m_payloads;
+};
+
+UCS_TEST_P(test_usnic_forged, secrets_are_random) {
+    m_sender->connect(1, *m_receiver, 0);
+
+    EXPECT_NE(sender_ep(0)->token, sender_ep(1)->token);
+    EXPECT_NE(sender_ep(0)->first_psn, sender_ep(1)->first_psn);
+    EXPECT_NE(usnic_iface(m_sender)->incarnation,
+              usnic_iface(m_receiver)->incarnation);
+
+    /* The receiver takes the token and where the sequence starts from the
+     * stream's first packet */
+    send_genuine(1);
+    EXPECT_EQ(sender_ep()->token, rx_stream()->token);
+    EXPECT_EQ(sender_ep()->first_psn + 1, rx_stream()->expected_psn);
+}
+
+UCS_TEST_P(test_usnic_forged, data_needs_token) {
+    uct_usnic_ep_t *ep = sender_ep();
+    am_datagram dgram;
+
+    send_genuine(1);
+    dgram = next_am(2, ep->token ^ 1);
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, sizeof(dgram));
+    EXPECT_EQ(1u, drops(m_receiver, UCT_USNIC_RX_DROP_FORGED));
+    EXPECT_EQ(1u, m_payloads.size());
+    EXPECT_EQ(ep->next_psn, rx_stream()->expected_psn);
+
+    dgram.hdr.token = ep->token;
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, sizeof(dgram));
+    ASSERT_EQ(2u, m_payloads.size());
+    EXPECT_EQ(2u, m_payloads.back());
+}
+
+/* A forged open trailer cannot take over a stream that exists */
+UCS_TEST_P(test_usnic_forged, open_trailer_must_match) {
+    uct_usnic_iface_t *iface = usnic_iface(m_sender);
+    uct_usnic_ep_t *ep       = sender_ep();
+    open_datagram dgram;
+
+    send_genuine(1);
+    dgram.am                   = next_am(2, ep->token ^ UCS_BIT(63));
+    dgram.am.hdr.stream_id     = UCT_USNIC_STREAM_ID_NONE;
+    dgram.am.hdr.flags        |= UCT_USNIC_PKT_FLAG_OPEN;
+    dgram.open.src_incarnation = iface->incarnation;
+    dgram.open.src_ep_id       = ep->id;
+    dgram.open.src_ep_serial   = ep->serial;
+    dgram.open.src_in_addr     = iface->dev_addr.in_addr;
+    dgram.open.src_prio_port   =
+            iface->channels[UCT_USNIC_CHANNEL_PRIO].addr.sin_port;
+    dgram.open.src_data_port   =
+            iface->channels[UCT_USNIC_CHANNEL_DATA].addr.sin_port;
+    dgram.open.first_psn       = ep->first_psn;
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, sizeof(dgram));
+    EXPECT_EQ(1u, drops(m_receiver, UCT_USNIC_RX_DROP_FORGED));
+    EXPECT_EQ(1u, m_payloads.size());
+    EXPECT_EQ(1u, kh_size(&usnic_iface(m_receiver)->stream_hash));
+
+    dgram.am.hdr.token = ep->token;
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, sizeof(dgram));
+    ASSERT_EQ(2u, m_payloads.size());
+    EXPECT_EQ(2u, m_payloads.back());
+}
+
+/*
+ * With a message in flight, ACKs that would complete it: only one with the
+ * token, for the ep's stream and for what was sent, is taken.
+ */
+UCS_TEST_P(test_usnic_forged, acks_need_token) {
+    const uct_usnic_channel_id_t prio = UCT_USNIC_CHANNEL_PRIO;
+    uct_usnic_ep_t *ep                = sender_ep();
+    usnic_test::ack_datagram dgram;
+    uct_usnic_psn_t acked;
+
+    send_genuine(1);
+    ASSERT_UCS_OK(uct_ep_am_short(m_sender->ep(0), AM_ID, 2, NULL, 0));
+    ASSERT_EQ(1u, ep->tx_count);
+    acked = ep->acked_psn;
+
+    dgram = ack(ep->next_psn - 1, ep->token ^ 1);
+    send_and_wait(m_sender, prio, &dgram, sizeof(dgram));
+    EXPECT_EQ(1u, drops(m_sender, UCT_USNIC_RX_DROP_FORGED)) << "token";
+
+    dgram = ack(ep->next_psn - 1, ep->token);
+    ++dgram.body.ack.stream_id;
+    send_and_wait(m_sender, prio, &dgram, sizeof(dgram));
+    EXPECT_EQ(2u, drops(m_sender, UCT_USNIC_RX_DROP_FORGED)) << "stream id";
+
+    dgram = ack(ep->next_psn, ep->token);
+    send_and_wait(m_sender, prio, &dgram, sizeof(dgram));
+    EXPECT_EQ(1u, drops(m_sender, UCT_USNIC_RX_DROP_INVALID)) << "unsent psn";
+
+    EXPECT_EQ(acked, ep->acked_psn);
+    EXPECT_EQ(1u, ep->tx_count);
+
+    dgram = ack(ep->next_psn - 1, ep->token);
+    send_and_wait(m_sender, prio, &dgram, sizeof(dgram));
+    EXPECT_EQ(0u, ep->tx_count) << "the right ACK was not taken";
+}
+
+_UCT_INSTANTIATE_TEST_CASE(test_usnic_forged, usnic)
