@@ -5,7 +5,8 @@
 
 #
 # usnic transport: reliable, ordered AM and PUT over libfabric datagram
-# endpoints (FI_EP_DGRAM). Needs libfabric.
+# endpoints (FI_EP_DGRAM). Needs libfabric, and xxHash for the checksum of
+# every datagram.
 #
 usnic_happy="no"
 AC_ARG_WITH([usnic],
@@ -38,6 +39,13 @@ AS_IF([test "x$with_usnic" != xno],
                                      [usnic_happy="yes"],
                                      [usnic_missing="libfabric library (fi_getinfo in -lfabric)"])],
                        [usnic_missing="libfabric headers (rdma/fabric.h)"])
+       AS_IF([test "x$usnic_happy" = xyes],
+             [usnic_happy="no"
+              AC_CHECK_HEADER([xxhash.h],
+                              [AC_CHECK_LIB([xxhash], [XXH3_64bits],
+                                            [usnic_happy="yes"],
+                                            [usnic_missing="xxHash library (XXH3_64bits in -lxxhash)"])],
+                              [usnic_missing="xxHash headers (xxhash.h)"])])
 
        CPPFLAGS="$save_CPPFLAGS"
        LDFLAGS="$save_LDFLAGS"
@@ -47,10 +55,10 @@ AS_IF([test "x$with_usnic" != xno],
              [uct_modules="${uct_modules}:usnic"
               AC_SUBST([USNIC_CPPFLAGS])
               AC_SUBST([USNIC_LDFLAGS])
-              AC_SUBST([USNIC_LIBS], [-lfabric])
+              AC_SUBST([USNIC_LIBS], ["-lfabric -lxxhash"])
               AC_DEFINE([HAVE_TL_USNIC], [1], [usnic transport support])],
              [AS_IF([test "x$with_usnic" != xguess],
-                    [AC_MSG_ERROR([usnic transport requested but $usnic_missing not found; install libfabric-dev or pass --with-usnic=DIR])],
+                    [AC_MSG_ERROR([usnic transport requested but $usnic_missing not found; install libfabric-dev and libxxhash-dev, or pass --with-usnic=DIR])],
                     [AC_MSG_WARN([usnic transport disabled: $usnic_missing not found])])])
       ])
 

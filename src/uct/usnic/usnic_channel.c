@@ -18,6 +18,7 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 
 /* Completions read from a CQ in one call */
@@ -71,50 +72,11 @@ static unsigned uct_usnic_channel_post_recv(uct_usnic_channel_t *channel,
     return posted;
 }
 
-/*
- * Checksum of a datagram given in pieces: one multiply-xor round per 8
- * bytes of their concatenation. Each round is a bijection of the running
- * value, so any one changed word changes the result; the length goes in
- * first, so a cut datagram does not match.
- */
-static uint32_t uct_usnic_channel_checksum_iov(const struct iovec *iov,
-                                               unsigned iovcnt, size_t length)
+/* Checksum of a datagram: XXH3, cut to its low 32 bits */
+static UCS_F_ALWAYS_INLINE uint32_t
+uct_usnic_channel_checksum(const void *data, size_t length)
 {
-    uint64_t hash = 0xcbf29ce484222325ull ^ length;
-    uint64_t word = 0;
-    size_t filled = 0;
-    const uint8_t *data;
-    size_t left, chunk;
-    unsigned i;
-
-    for (i = 0; i < iovcnt; ++i) {
-        data = iov[i].iov_base;
-        left = iov[i].iov_len;
-        while (left > 0) {
-            chunk = ucs_min(sizeof(word) - filled, left);
-            memcpy(UCS_PTR_BYTE_OFFSET(&word, filled), data, chunk);
-            filled += chunk;
-            data   += chunk;
-            left   -= chunk;
-            if (filled == sizeof(word)) {
-                hash   = (hash ^ word) * 0x100000001b3ull;
-                hash  ^= hash >> 29;
-                word   = 0;
-                filled = 0;
-            }
-        }
-    }
-
-    hash  = (hash ^ word) * 0x100000001b3ull;
-    hash ^= hash >> 32;
-    return (uint32_t)hash;
-}
-
-static uint32_t uct_usnic_channel_checksum(const void *data, size_t length)
-{
-    struct iovec iov = {(void*)data, length};
-
-    return uct_usnic_channel_checksum_iov(&iov, 1, length);
+    return (uint32_t)XXH3_64bits(data, length);
 }
 
 void uct_usnic_channel_checksum_put(void *datagram, size_t length)
@@ -129,16 +91,26 @@ void uct_usnic_channel_checksum_put(void *datagram, size_t length)
 static void uct_usnic_channel_dgram_checksum_put(uct_usnic_channel_t *channel,
                                                  uct_usnic_dgram_t *dgram)
 {
-    struct iovec iov[UCT_USNIC_DGRAM_MAX_IOV];
     struct iovec *last = &dgram->iov[dgram->iovcnt - 1];
     uint32_t checksum;
+    unsigned i;
 
-    memcpy(iov, dgram->iov, sizeof(*iov) * dgram->iovcnt);
-    iov[0].iov_base = UCS_PTR_BYTE_OFFSET(iov[0].iov_base,
-                                          channel->prefix_size);
-    iov[0].iov_len -= channel->prefix_size;
-    checksum        = uct_usnic_channel_checksum_iov(
-            iov, dgram->iovcnt, dgram->length - channel->prefix_size);
+    if (dgram->iovcnt == 1) {
+        checksum = uct_usnic_channel_checksum(
+                UCS_PTR_BYTE_OFFSET(last->iov_base, channel->prefix_size),
+                last->iov_len - channel->prefix_size);
+    } else {
+        XXH3_64bits_reset(channel->hash_state);
+        XXH3_64bits_update(channel->hash_state,
+                           UCS_PTR_BYTE_OFFSET(dgram->iov[0].iov_base,
+                                               channel->prefix_size),
+                           dgram->iov[0].iov_len - channel->prefix_size);
+        for (i = 1; i < dgram->iovcnt; ++i) {
+            XXH3_64bits_update(channel->hash_state, dgram->iov[i].iov_base,
+                               dgram->iov[i].iov_len);
+        }
+        checksum = (uint32_t)XXH3_64bits_digest(channel->hash_state);
+    }
 
     memcpy(UCS_PTR_BYTE_OFFSET(last->iov_base, last->iov_len), &checksum,
            sizeof(checksum));
@@ -607,6 +579,13 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
         return UCS_ERR_NO_MEMORY;
     }
 
+    channel->hash_state = XXH3_createState();
+    if (channel->hash_state == NULL) {
+        ucs_error("%s: failed to allocate the checksum state", channel->name);
+        status = UCS_ERR_NO_MEMORY;
+        goto err_free_gather;
+    }
+
     if (params->am_params != NULL) {
         status = uct_iface_param_am_alignment(params->am_params,
                                               channel->max_msg_size,
@@ -615,7 +594,7 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                                               params->am_offset,
                                               &align, &align_offset);
         if (status != UCS_OK) {
-            goto err_free_gather;
+            goto err_free_state;
         }
     } else {
         align        = UCS_SYS_CACHE_LINE_SIZE;
@@ -632,7 +611,7 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                                            params->wakeup);
     }
     if (status != UCS_OK) {
-        goto err_free_gather;
+        goto err_free_state;
     }
 
     status = uct_usnic_md_mpool_init(md, &channel->rx_mp,
@@ -674,6 +653,8 @@ err_cleanup:
     return status;
 err_close_ep:
     channel->ops->cleanup(channel);
+err_free_state:
+    XXH3_freeState(channel->hash_state);
 err_free_gather:
     ucs_free(channel->gather_buf);
     return status;
@@ -689,6 +670,7 @@ void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel)
 
     channel->ops->cleanup(channel);
     ucs_mpool_cleanup(&channel->rx_mp, 1);
+    XXH3_freeState(channel->hash_state);
     ucs_free(channel->gather_buf);
 }
 

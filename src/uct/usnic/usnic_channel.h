@@ -157,6 +157,8 @@ struct uct_usnic_channel {
     size_t                    rx_offset;    /* Datagram offset in a desc */
     size_t                    max_msg_size; /* Datagram size, no prefix */
     int                       checksum;     /* Datagrams end with one */
+    struct XXH3_state_s       *hash_state;  /* Checksum of a datagram sent
+                                               in pieces */
     uct_usnic_fault_t         *fault;       /* NULL unless injecting */
     uint64_t                  rx_bad_checksum; /* Dropped datagrams */
     unsigned                  rx_queue_len;

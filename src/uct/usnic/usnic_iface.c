@@ -191,11 +191,12 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      "which costs a system call per received datagram.",
      ucs_offsetof(uct_usnic_iface_config_t, event_fd), UCS_CONFIG_TYPE_BOOL},
 
-    {"CHECKSUM", "n",
-     "End-to-end checksum on every datagram: for links whose own checksums\n"
-     "cannot be trusted, and to test with UCX_USNIC_FAULT_CORRUPT or\n"
-     "UCX_USNIC_FAULT_TRUNCATE. Costs 4 bytes and a pass over each datagram;\n"
-     "both sides must set the same value.",
+    {"CHECKSUM", "y",
+     "End-to-end checksum (32 bits of XXH3) on every datagram: a datagram that\n"
+     "is not byte for byte what the peer sent (damaged where the link's own\n"
+     "checksums miss it, or altered on the way by someone who did not\n"
+     "recompute this one) is dropped and counted. Costs 4 bytes and a pass\n"
+     "over each datagram; both sides must set the same value.",
      ucs_offsetof(uct_usnic_iface_config_t, checksum), UCS_CONFIG_TYPE_BOOL},
 
     UCT_USNIC_FAULT_CONFIG_FIELD(DROP, "never sent"),

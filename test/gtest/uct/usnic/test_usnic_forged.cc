@@ -102,11 +102,12 @@ protected:
 
     /* Send a raw datagram to e, and progress only e until it took it */
     void send_and_wait(entity *e, uct_usnic_channel_id_t id, const void *data,
-                       size_t length)
+                       size_t length, bool add_checksum = true)
     {
         uint64_t seen = usnic_test::rx_seen(usnic_iface(e));
 
-        usnic_test::send_datagram(usnic_iface(e), id, data, length);
+        usnic_test::send_datagram(usnic_iface(e), id, data, length,
+                                  add_checksum);
         EXPECT_TRUE(progress_until(e, [&]() {
             return usnic_test::rx_seen(usnic_iface(e)) > seen;
         }));
@@ -195,6 +196,47 @@ UCS_TEST_P(test_usnic_forged, data_needs_token) {
 
     dgram.hdr.token = ep->token;
     send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, sizeof(dgram));
+    ASSERT_EQ(2u, m_payloads.size());
+    EXPECT_EQ(2u, m_payloads.back());
+}
+
+/*
+ * On the path: a copy of the stream's next datagram, token and checksum
+ * right, then changed on the way without recomputing the checksum (by
+ * default on): dropped before the protocol reads it.
+ */
+UCS_TEST_P(test_usnic_forged, altered_copy_dropped) {
+    const uct_usnic_channel_t *channel =
+            &usnic_iface(m_receiver)->channels[UCT_USNIC_CHANNEL_DATA];
+    uct_usnic_ep_t *ep = sender_ep();
+    struct {
+        am_datagram am;
+        uint32_t    checksum;
+        uint32_t    extension;
+    } UCS_S_PACKED dgram;
+    size_t length = sizeof(dgram.am) + sizeof(dgram.checksum);
+
+    ASSERT_TRUE(channel->checksum) << "the checksum is not on by default";
+    send_genuine(1);
+    dgram.am = next_am(2, ep->token);
+    uct_usnic_channel_checksum_put(&dgram.am, sizeof(dgram.am));
+    dgram.extension = 0;
+    dgram.am.payload ^= UCS_BIT(17);
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, length, false);
+    EXPECT_EQ(1u, channel->rx_bad_checksum);
+    EXPECT_EQ(1u, m_payloads.size());
+
+    /* Cut short, and extended */
+    dgram.am.payload ^= UCS_BIT(17);
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, length - 1,
+                  false);
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, sizeof(dgram),
+                  false);
+    EXPECT_EQ(3u, channel->rx_bad_checksum);
+    EXPECT_EQ(1u, m_payloads.size());
+
+    /* The genuine one is taken */
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, length, false);
     ASSERT_EQ(2u, m_payloads.size());
     EXPECT_EQ(2u, m_payloads.back());
 }

@@ -677,7 +677,6 @@ UCS_TEST_P(test_usnic_put, refusals_reported_once) {
 UCS_TEST_P(test_usnic_put, forged_datagram) {
     const uct_usnic_rkey_t *key = (const uct_usnic_rkey_t*)m_rkey.rkey;
     uct_usnic_iface_t *iface    = receiver_iface();
-    struct sockaddr_in dest     = iface->channels[UCT_USNIC_CHANNEL_DATA].addr;
     struct {
         uct_usnic_hdr_t      hdr;
         uct_usnic_put_ext_t  put;
@@ -685,7 +684,6 @@ UCS_TEST_P(test_usnic_put, forged_datagram) {
         uct_usnic_open_ext_t open;
     } UCS_S_PACKED packet;
     ucs_time_t deadline;
-    int fd;
 
     /* Everything right but the secret, as an attacker who saw the traffic
      * and guessed would send it */
@@ -711,19 +709,15 @@ UCS_TEST_P(test_usnic_put, forged_datagram) {
     packet.open.src_data_port   = htons(9);
     packet.open.first_psn       = 1;
 
-    fd = socket(AF_INET, SOCK_DGRAM, 0);
-    ASSERT_GE(fd, 0);
     m_warnings.clear();
     {
         scoped_log_handler slh(wrap_warns_logger);
-        EXPECT_EQ((ssize_t)sizeof(packet),
-                  sendto(fd, &packet, sizeof(packet), 0,
-                         (struct sockaddr*)&dest, sizeof(dest)));
+        usnic_test::send_datagram(iface, UCT_USNIC_CHANNEL_DATA, &packet,
+                                  sizeof(packet));
 
         /* Too short to hold the put extension */
-        EXPECT_EQ((ssize_t)(sizeof(packet.hdr) + 8),
-                  sendto(fd, &packet, sizeof(packet.hdr) + 8, 0,
-                         (struct sockaddr*)&dest, sizeof(dest)));
+        usnic_test::send_datagram(iface, UCT_USNIC_CHANNEL_DATA, &packet,
+                                  sizeof(packet.hdr) + 8);
 
         deadline = ucs_get_time() + ucs_time_from_sec(10);
         while (((drops(UCT_USNIC_RX_DROP_PUT_KEY) < 1) ||
@@ -732,7 +726,6 @@ UCS_TEST_P(test_usnic_put, forged_datagram) {
             progress();
         }
     }
-    close(fd);
 
     EXPECT_EQ(1u, drops(UCT_USNIC_RX_DROP_PUT_KEY));
     EXPECT_EQ(1u, drops(UCT_USNIC_RX_DROP_INVALID));

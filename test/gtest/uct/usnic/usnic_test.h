@@ -75,20 +75,35 @@ static inline uint64_t rx_seen(const uct_usnic_iface_t *iface)
     for (int reason = 0; reason < UCT_USNIC_RX_DROP_LAST; ++reason) {
         seen += iface->stats.rx_drop[reason];
     }
+    for (int id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
+        seen += iface->channels[id].rx_bad_checksum;
+    }
     return seen;
 }
 
-/* Send a raw UDP datagram to one channel of an iface */
+/* Send a raw UDP datagram to one channel of an iface, as a peer would:
+ * with the checksum behind it when the channel expects one (unless told
+ * not to add it) */
 static inline void send_datagram(const uct_usnic_iface_t *iface,
                                  uct_usnic_channel_id_t id, const void *data,
-                                 size_t length)
+                                 size_t length, bool add_checksum = true)
 {
-    struct sockaddr_in dest = iface->channels[id].addr;
-    int fd                  = socket(AF_INET, SOCK_DGRAM, 0);
+    const uct_usnic_channel_t *channel = &iface->channels[id];
+    struct sockaddr_in dest            = channel->addr;
+    std::vector<uint8_t> dgram((const uint8_t*)data,
+                               (const uint8_t*)data + length);
+    int fd;
 
+    if (channel->checksum && add_checksum) {
+        dgram.resize(length + UCT_USNIC_CHECKSUM_LEN);
+        uct_usnic_channel_checksum_put(dgram.data(), length);
+    }
+
+    fd = socket(AF_INET, SOCK_DGRAM, 0);
     ASSERT_GE(fd, 0);
-    EXPECT_EQ((ssize_t)length, sendto(fd, data, length, 0,
-                                      (struct sockaddr*)&dest, sizeof(dest)));
+    EXPECT_EQ((ssize_t)dgram.size(),
+              sendto(fd, dgram.data(), dgram.size(), 0,
+                     (struct sockaddr*)&dest, sizeof(dest)));
     close(fd);
 }
 
