@@ -997,6 +997,7 @@ void uct_usnic_iface_peer_link(uct_usnic_iface_t *iface, uint32_t incarnation,
         peer->num_eps = 0;
         peer->closed  = 0;
         peer->closed_streams = 0;
+        peer->closed_time    = 0;
     }
 
     if (ep != NULL) {
@@ -1035,6 +1036,7 @@ void uct_usnic_iface_peer_unlink(uct_usnic_iface_t *iface,
     if (ep != NULL) {
         peer->closed         = (--peer->num_eps == 0);
         peer->closed_streams = iface->streams_opened;
+        peer->closed_time    = ucs_get_time();
     }
 
     if (((ep != NULL) && (peer->ep == ep)) ||
@@ -1057,15 +1059,25 @@ void uct_usnic_iface_peer_unlink(uct_usnic_iface_t *iface,
     }
 }
 
+/* How long our last ep to a peer must have been gone before its probes are
+ * answered as closed */
+#define UCT_USNIC_PEER_CLOSE_GRACE_MS 100
+
 int uct_usnic_iface_peer_closed(uct_usnic_iface_t *iface,
                                 const uct_usnic_rx_stream_t *stream)
 {
     khiter_t iter = kh_get(uct_usnic_peers, &iface->peers,
                            uct_usnic_rx_stream_peer(stream));
 
+    /* A peer's new ep may have opened its stream while our last ep to it
+     * was being destroyed (UCP discards force-closed eps lazily) and ours
+     * to it is about to be created: only a close that has lasted is one */
     return (iter != kh_end(&iface->peers)) &&
            kh_value(&iface->peers, iter).closed &&
-           (stream->open_seq < kh_value(&iface->peers, iter).closed_streams);
+           (stream->open_seq < kh_value(&iface->peers, iter).closed_streams) &&
+           (uct_usnic_elapsed(ucs_get_time(),
+                              kh_value(&iface->peers, iter).closed_time) >=
+            ucs_time_from_msec(UCT_USNIC_PEER_CLOSE_GRACE_MS));
 }
 
 static void uct_usnic_iface_cleanup_tables(uct_usnic_iface_t *iface)

@@ -83,6 +83,7 @@ typedef struct uct_usnic_peer {
                                                   the close: later ones
                                                   belong to a new
                                                   connection */
+    ucs_time_t                 closed_time;
 } uct_usnic_peer_t;
 
 KHASH_MAP_INIT_INT(uct_usnic_peers, uct_usnic_peer_t)
