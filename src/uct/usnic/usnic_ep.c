@@ -23,6 +23,10 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
                                               uct_usnic_iface_t);
     const uct_usnic_device_addr_t *dev_addr;
     const uct_usnic_iface_addr_t *if_addr;
+    struct {
+        uint64_t        token;
+        uct_usnic_psn_t first_psn;
+    } secrets;
     ucs_status_t status;
 
     UCT_EP_PARAMS_CHECK_DEV_IFACE_ADDRS(params);
@@ -38,12 +42,7 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
 
     /* Off the path, nobody can forge our packets or the ACKs for them
      * without the token, nor guess where the sequence starts */
-    status = uct_usnic_random(&self->token, sizeof(self->token));
-    if (status != UCS_OK) {
-        return status;
-    }
-
-    status = uct_usnic_random(&self->first_psn, sizeof(self->first_psn));
+    status = uct_usnic_random(&secrets, sizeof(secrets));
     if (status != UCS_OK) {
         return status;
     }
@@ -60,6 +59,8 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
     self->peer_incarnation = if_addr->incarnation;
     self->peer_stream_id   = UCT_USNIC_STREAM_ID_NONE;
     self->serial           = iface->next_ep_serial++;
+    self->token            = secrets.token;
+    self->first_psn        = secrets.first_psn;
     self->next_psn         = self->first_psn;
     self->acked_psn        = self->first_psn - 1;
     self->tx_count         = 0;

@@ -32,6 +32,10 @@
 /* Ethernet preamble, header, FCS and gap, plus IPv4 and UDP headers */
 #define UCT_USNIC_WIRE_OVERHEAD      (38 + 20 + 8)
 
+/* How long our last ep to a peer must have been gone before its probes are
+ * answered as closed */
+#define UCT_USNIC_PEER_CLOSE_GRACE_MS 100
+
 
 /*
  * What one datagram costs with a provider, for iface_query. udp: a system
@@ -1058,10 +1062,6 @@ void uct_usnic_iface_peer_unlink(uct_usnic_iface_t *iface,
         kh_del(uct_usnic_peers, &iface->peers, iter);
     }
 }
-
-/* How long our last ep to a peer must have been gone before its probes are
- * answered as closed */
-#define UCT_USNIC_PEER_CLOSE_GRACE_MS 100
 
 int uct_usnic_iface_peer_closed(uct_usnic_iface_t *iface,
                                 const uct_usnic_rx_stream_t *stream)
