@@ -47,7 +47,7 @@ run_logged() {
 install_build_deps() {
     local pkgs=(build-essential autoconf automake libtool pkg-config
                 dpkg-dev rsync libfabric-dev libfabric-bin libhwloc-dev
-                libxxhash-dev libnuma-dev iproute2)
+                libxxhash-dev libsodium-dev libnuma-dev iproute2)
     if [ -n "${LIBFABRIC_SRC:-}" ]; then
         pkgs+=(libibverbs-dev libnl-3-dev libnl-route-3-dev)
     fi

@@ -63,6 +63,16 @@ usnic_env() {
     fi
 }
 
+# Whether UCX's configure found libsodium (UCX_USNIC_AUTH_KEY works)
+usnic_have_sodium() {
+    grep -q '^#define HAVE_USNIC_SODIUM 1' "${usnic_obj}/config.h"
+}
+
+# A fresh random key file for UCX_USNIC_AUTH_KEY, readable by its owner only
+usnic_make_key() {
+    (umask 077 && head -c 32 /dev/urandom >"$1")
+}
+
 # Install Debian packages that are missing; quiet when all are there.
 usnic_apt_install() {
     local missing=() pkg

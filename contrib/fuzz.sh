@@ -3,8 +3,9 @@
 # Fuzz the receive path of the usnic transport with libFuzzer: build
 # test/fuzz/fuzz_rx.c and the module's sources with clang's fuzzer, address
 # and undefined-behaviour sanitizers, then run it in a network namespace that
-# holds only the loopback device, on a copy of test/fuzz/corpus.
-# Fails if libFuzzer reports a crash, a leak or a sanitizer error.
+# holds only the loopback device, on a copy of test/fuzz/corpus: half the
+# time with the default checksum, half with a UCX_USNIC_AUTH_KEY MAC (when
+# UCX was configured with libsodium). Fails if libFuzzer reports a crash, a leak or a sanitizer error.
 #
 #   contrib/fuzz.sh [--time N] [--build-only]    (FUZZ_TIME, default 600 s)
 #
@@ -49,6 +50,11 @@ if [ -d "${usnic_fabric_prefix}/lib" ]; then
                   -L"${usnic_fabric_prefix}/lib"
                   -Wl,-rpath,"${usnic_fabric_prefix}/lib")
 fi
+# The MAC path of UCX_USNIC_AUTH_KEY, where UCX's configure found libsodium
+sodium_libs=()
+if usnic_have_sodium; then
+    sodium_libs=(-lsodium)
+fi
 usnic_log "building ${fuzz_bin}"
 clang -g -O1 -fsanitize=fuzzer,address,undefined \
     -fno-sanitize=null,object-size -fno-omit-frame-pointer \
@@ -58,7 +64,8 @@ clang -g -O1 -fsanitize=fuzzer,address,undefined \
     -o "${fuzz_bin}" \
     "${usnic_top}"/src/uct/usnic/*.c "${usnic_top}/test/fuzz/fuzz_rx.c" \
     "${fabric_flags[@]}" -L"${usnic_prefix}/lib" \
-    -Wl,-rpath,"${usnic_prefix}/lib" -luct -lucs -lucm -lfabric -lxxhash ||
+    -Wl,-rpath,"${usnic_prefix}/lib" -luct -lucs -lucm -lfabric -lxxhash \
+    "${sodium_libs[@]}" ||
     usnic_die "building the fuzz target failed"
 [ "${build_only}" -eq 0 ] || { usnic_log "built ${fuzz_bin}"; exit 0; }
 
@@ -73,14 +80,34 @@ ip netns add "${netns}" ||
     usnic_die "cannot create network namespace ${netns} (needs root)"
 ip -n "${netns}" link set lo up
 
-usnic_log "fuzzing for ${fuzz_time} s; log: ${fuzz_dir}/fuzz.log"
+# Half the time with the checksum (the default), half with a MAC key; the
+# second run starts from the corpus the first one grew
+fuzz_run() {
+    local log=$1 seconds=$2
+    shift 2
+    usnic_log "fuzzing for ${seconds} s $*; log: ${log}"
+    ip netns exec "${netns}" env UCX_LOG_LEVEL=error "$@" \
+        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        "${fuzz_bin}" -max_total_time="${seconds}" -timeout=10 \
+        -rss_limit_mb=4096 -print_final_stats=1 \
+        -artifact_prefix="${fuzz_dir}/artifacts/" "${fuzz_dir}/corpus" \
+        >"${log}" 2>&1
+}
+
 rc=0
-ip netns exec "${netns}" env UCX_LOG_LEVEL=error \
-    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    "${fuzz_bin}" -max_total_time="${fuzz_time}" -timeout=10 \
-    -rss_limit_mb=4096 -print_final_stats=1 \
-    -artifact_prefix="${fuzz_dir}/artifacts/" "${fuzz_dir}/corpus" \
-    >"${fuzz_dir}/fuzz.log" 2>&1 || rc=$?
+if [ ${#sodium_libs[@]} -gt 0 ]; then
+    key_file=${fuzz_dir}/auth.key
+    usnic_make_key "${key_file}"
+    fuzz_run "${fuzz_dir}/fuzz.log" $(( (fuzz_time + 1) / 2 )) || rc=$?
+    if [ "${rc}" -eq 0 ]; then
+        fuzz_run "${fuzz_dir}/fuzz-mac.log" $(( fuzz_time / 2 )) \
+            UCX_USNIC_AUTH_KEY="${key_file}" || rc=$?
+        cat "${fuzz_dir}/fuzz-mac.log" >>"${fuzz_dir}/fuzz.log"
+    fi
+else
+    usnic_log "no libsodium in this build: the MAC path is not fuzzed"
+    fuzz_run "${fuzz_dir}/fuzz.log" "${fuzz_time}" || rc=$?
+fi
 
 grep -E '^#[0-9]+[[:space:]]+DONE|^stat::' "${fuzz_dir}/fuzz.log" ||
     tail -n 5 "${fuzz_dir}/fuzz.log"

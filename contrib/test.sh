@@ -5,7 +5,9 @@
 # lists, so nothing can reach a real network from there), in two lanes at
 # once (see USNIC_TEST_LANES):
 #   1. the module's own gtests (test/gtest/uct/usnic), over the default
-#      provider (the built-in kernel one here) and over libfabric's udp;
+#      provider (the built-in kernel one here), again with a
+#      UCX_USNIC_AUTH_KEY MAC on every datagram (when UCX was configured
+#      with libsodium), and over libfabric's udp;
 #   2. UCX's generic UCT gtests instantiated for usnic (usnic/*), over
 #      both providers too;
 #   3. UCX's UCP gtests instantiated for usnic (usnic/test_ucp_*), the
@@ -105,9 +107,11 @@ run_suite() {
     passed=${passed:-0}
     failed=${failed:-0}
     if [ "${rc}" -ne 0 ] && [ "${failed}" -eq 0 ]; then
-        # crashed or timed out before gtest could count
+        # crashed or timed out before gtest could count: name the test
         failed=1
         tail -n 30 "${log}" >&2
+        grep '^\[ RUN      \]' "${log}" | tail -n 1 |
+            sed 's/^/[usnic] the test running when it ended: /' >&2
     fi
     grep '^\[  FAILED  \] usnic' "${log}" >&2 || true
 
@@ -245,6 +249,11 @@ if [ -n "${GTEST_FILTER:-}" ]; then
 else
     start_second_lane
     run_suite usnic-own "${own}"
+    if usnic_have_sodium; then
+        usnic_make_key "${results}/auth.key"
+        run_suite usnic-own-mac "${own}" \
+            UCX_USNIC_AUTH_KEY="${results}/auth.key"
+    fi
     run_suite usnic-generic "usnic/*-${own}:${ucp}"
     run_ucp_suites "${ucp_suites[0]}"
     join_second_lane

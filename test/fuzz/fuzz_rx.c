@@ -475,12 +475,11 @@ static void uct_usnic_fuzz_deliver(uct_usnic_fuzz_iface_t *target,
     size_t room                  = channel->max_msg_size;
     uct_usnic_rx_desc_t *desc;
     ucs_status_t status;
+    size_t sealed;
+    uint8_t *flip;
     void *data;
 
-    if (channel->checksum) {
-        room -= UCT_USNIC_CHECKSUM_LEN;
-    }
-    length = ucs_min(length, room);
+    length = ucs_min(length, room - channel->seal.length);
 
     uct_usnic_iface_enter(target->usnic);
     desc = ucs_mpool_get(&channel->rx_mp);
@@ -490,9 +489,25 @@ static void uct_usnic_fuzz_deliver(uct_usnic_fuzz_iface_t *target,
     data = uct_usnic_rx_desc_data(channel, desc);
     memcpy(data, datagram, length);
     uct_usnic_fuzz_fixup(target, other, channel_id, data, length);
-    if (channel->checksum) {
-        /* What the channel checked and cut off before the callback */
-        uct_usnic_channel_checksum_put(data, length);
+    if (channel->seal.length != 0) {
+        /* What the channel checks and cuts off before the callback: its
+         * checksum or MAC, computed and checked over every input */
+        uct_usnic_seal_put(&channel->seal, data, length);
+        sealed = length + channel->seal.length;
+        uct_usnic_fuzz_check(uct_usnic_seal_check(&channel->seal, data,
+                                                  &sealed) &&
+                             (sealed == length),
+                             "%s: a sealed datagram failed its check",
+                             channel->name);
+        flip   = UCS_PTR_BYTE_OFFSET(data, length +
+                                           (length % channel->seal.length));
+        *flip ^= 1;
+        sealed = length + channel->seal.length;
+        uct_usnic_fuzz_check(!uct_usnic_seal_check(&channel->seal, data,
+                                                   &sealed),
+                             "%s: an altered seal passed its check",
+                             channel->name);
+        *flip ^= 1;
     }
 
     ASAN_POISON_MEMORY_REGION(UCS_PTR_BYTE_OFFSET(data, length),

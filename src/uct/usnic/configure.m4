@@ -6,7 +6,7 @@
 #
 # usnic transport: reliable, ordered AM and PUT over libfabric datagram
 # endpoints (FI_EP_DGRAM). Needs libfabric, and xxHash for the checksum of
-# every datagram.
+# every datagram; libsodium, if found, gives the MAC of UCX_USNIC_AUTH_KEY.
 #
 usnic_happy="no"
 AC_ARG_WITH([usnic],
@@ -47,6 +47,18 @@ AS_IF([test "x$with_usnic" != xno],
                                             [usnic_missing="xxHash library (XXH3_64bits in -lxxhash)"])],
                               [usnic_missing="xxHash headers (xxhash.h)"])])
 
+       usnic_libs="-lfabric -lxxhash"
+       usnic_sodium=0
+       AS_IF([test "x$usnic_happy" = xyes],
+             [AC_CHECK_HEADER([sodium.h],
+                              [AC_CHECK_LIB([sodium], [crypto_generichash_init],
+                                            [usnic_sodium=1
+                                             usnic_libs="$usnic_libs -lsodium"])])
+              AS_IF([test $usnic_sodium = 0],
+                    [AC_MSG_WARN([usnic: libsodium not found: UCX_USNIC_AUTH_KEY (datagram MACs) will be unavailable])])])
+       AC_DEFINE_UNQUOTED([HAVE_USNIC_SODIUM], [$usnic_sodium],
+                          [usnic transport: libsodium for datagram MACs])
+
        CPPFLAGS="$save_CPPFLAGS"
        LDFLAGS="$save_LDFLAGS"
        LIBS="$save_LIBS"
@@ -55,7 +67,7 @@ AS_IF([test "x$with_usnic" != xno],
              [uct_modules="${uct_modules}:usnic"
               AC_SUBST([USNIC_CPPFLAGS])
               AC_SUBST([USNIC_LDFLAGS])
-              AC_SUBST([USNIC_LIBS], ["-lfabric -lxxhash"])
+              AC_SUBST([USNIC_LIBS], ["$usnic_libs"])
               AC_DEFINE([HAVE_TL_USNIC], [1], [usnic transport support])],
              [AS_IF([test "x$with_usnic" != xguess],
                     [AC_MSG_ERROR([usnic transport requested but $usnic_missing not found; install libfabric-dev and libxxhash-dev, or pass --with-usnic=DIR])],

@@ -18,7 +18,6 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 
 /* Completions read from a CQ in one call */
@@ -72,50 +71,20 @@ static unsigned uct_usnic_channel_post_recv(uct_usnic_channel_t *channel,
     return posted;
 }
 
-/* Checksum of a datagram: XXH3, cut to its low 32 bits */
-static UCS_F_ALWAYS_INLINE uint32_t
-uct_usnic_channel_checksum(const void *data, size_t length)
+/* Seal a datagram, leaving out the provider's prefix */
+static void uct_usnic_channel_dgram_seal(uct_usnic_channel_t *channel,
+                                         uct_usnic_dgram_t *dgram)
 {
-    return (uint32_t)XXH3_64bits(data, length);
-}
+    struct iovec iov[UCT_USNIC_DGRAM_MAX_IOV];
 
-void uct_usnic_channel_checksum_put(void *datagram, size_t length)
-{
-    uint32_t checksum = uct_usnic_channel_checksum(datagram, length);
+    memcpy(iov, dgram->iov, sizeof(*iov) * dgram->iovcnt);
+    iov[0].iov_base = UCS_PTR_BYTE_OFFSET(iov[0].iov_base,
+                                          channel->prefix_size);
+    iov[0].iov_len -= channel->prefix_size;
+    uct_usnic_seal_put_iov(&channel->seal, iov, dgram->iovcnt);
 
-    memcpy(UCS_PTR_BYTE_OFFSET(datagram, length), &checksum,
-           sizeof(checksum));
-}
-
-/* Append the checksum of a datagram, leaving out the provider's prefix */
-static void uct_usnic_channel_dgram_checksum_put(uct_usnic_channel_t *channel,
-                                                 uct_usnic_dgram_t *dgram)
-{
-    struct iovec *last = &dgram->iov[dgram->iovcnt - 1];
-    uint32_t checksum;
-    unsigned i;
-
-    if (dgram->iovcnt == 1) {
-        checksum = uct_usnic_channel_checksum(
-                UCS_PTR_BYTE_OFFSET(last->iov_base, channel->prefix_size),
-                last->iov_len - channel->prefix_size);
-    } else {
-        XXH3_64bits_reset(channel->hash_state);
-        XXH3_64bits_update(channel->hash_state,
-                           UCS_PTR_BYTE_OFFSET(dgram->iov[0].iov_base,
-                                               channel->prefix_size),
-                           dgram->iov[0].iov_len - channel->prefix_size);
-        for (i = 1; i < dgram->iovcnt; ++i) {
-            XXH3_64bits_update(channel->hash_state, dgram->iov[i].iov_base,
-                               dgram->iov[i].iov_len);
-        }
-        checksum = (uint32_t)XXH3_64bits_digest(channel->hash_state);
-    }
-
-    memcpy(UCS_PTR_BYTE_OFFSET(last->iov_base, last->iov_len), &checksum,
-           sizeof(checksum));
-    last->iov_len += sizeof(checksum);
-    dgram->length += sizeof(checksum);
+    dgram->iov[dgram->iovcnt - 1].iov_len += channel->seal.length;
+    dgram->length                         += channel->seal.length;
 }
 
 void *uct_usnic_channel_gather(uct_usnic_channel_t *channel,
@@ -133,29 +102,14 @@ void *uct_usnic_channel_gather(uct_usnic_channel_t *channel,
     return channel->gather_buf;
 }
 
-/* Whether a received datagram is whole; sets the length without checksum */
-static int uct_usnic_channel_checksum_ok(const void *datagram,
-                                         size_t *length_p)
-{
-    uint32_t checksum;
-
-    if (*length_p < UCT_USNIC_CHECKSUM_LEN) {
-        return 0;
-    }
-
-    *length_p -= UCT_USNIC_CHECKSUM_LEN;
-    memcpy(&checksum, UCS_PTR_BYTE_OFFSET(datagram, *length_p),
-           sizeof(checksum));
-    return checksum == uct_usnic_channel_checksum(datagram, *length_p);
-}
-
 void uct_usnic_channel_rx_deliver(uct_usnic_channel_t *channel,
                                   uct_usnic_rx_desc_t *desc, size_t length)
 {
     void *data = uct_usnic_rx_desc_data(channel, desc);
 
-    if (channel->checksum && !uct_usnic_channel_checksum_ok(data, &length)) {
-        ++channel->rx_bad_checksum;
+    if ((channel->seal.length != 0) &&
+        !uct_usnic_seal_check(&channel->seal, data, &length)) {
+        ++channel->rx_bad_seal;
         ucs_mpool_put_inline(desc);
         return;
     }
@@ -338,9 +292,9 @@ unsigned uct_usnic_channel_send_burst(uct_usnic_channel_t *channel,
 {
     unsigned i;
 
-    if (channel->checksum) {
+    if (channel->seal.length != 0) {
         for (i = 0; i < count; ++i) {
-            uct_usnic_channel_dgram_checksum_put(channel, &dgrams[i]);
+            uct_usnic_channel_dgram_seal(channel, &dgrams[i]);
         }
     }
 
@@ -559,9 +513,8 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
     channel->idle_polls   = 0;
     channel->skipped_polls = 0;
     channel->max_msg_size = params->max_msg_size;
-    channel->checksum     = params->checksum;
     channel->fault        = NULL;
-    channel->rx_bad_checksum = 0;
+    channel->rx_bad_seal  = 0;
     channel->prefix_size  = (info->mode & FI_MSG_PREFIX) ?
                             info->ep_attr->msg_prefix_size : 0;
     /* A user keeping a datagram finds its release descriptor just before
@@ -579,10 +532,9 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
         return UCS_ERR_NO_MEMORY;
     }
 
-    channel->hash_state = XXH3_createState();
-    if (channel->hash_state == NULL) {
-        ucs_error("%s: failed to allocate the checksum state", channel->name);
-        status = UCS_ERR_NO_MEMORY;
+    status = uct_usnic_seal_init(&channel->seal, params->seal_type,
+                                 params->seal_key);
+    if (status != UCS_OK) {
         goto err_free_gather;
     }
 
@@ -654,7 +606,7 @@ err_cleanup:
 err_close_ep:
     channel->ops->cleanup(channel);
 err_free_state:
-    XXH3_freeState(channel->hash_state);
+    uct_usnic_seal_cleanup(&channel->seal);
 err_free_gather:
     ucs_free(channel->gather_buf);
     return status;
@@ -670,7 +622,7 @@ void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel)
 
     channel->ops->cleanup(channel);
     ucs_mpool_cleanup(&channel->rx_mp, 1);
-    XXH3_freeState(channel->hash_state);
+    uct_usnic_seal_cleanup(&channel->seal);
     ucs_free(channel->gather_buf);
 }
 

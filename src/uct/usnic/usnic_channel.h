@@ -9,6 +9,7 @@
 
 #include "usnic_md.h"
 #include "usnic_fault.h"
+#include "usnic_seal.h"
 
 #include <ucs/datastruct/list.h>
 #include <ucs/datastruct/mpool.h>
@@ -32,7 +33,7 @@ typedef struct uct_usnic_channel uct_usnic_channel_t;
 /**
  * A datagram to send, gathered from pieces. The first starts with the
  * provider's prefix room; the last lies in a send buffer with room for a
- * checksum behind it.
+ * seal behind it.
  */
 typedef struct uct_usnic_dgram {
     size_t       length;  /* Sum of the pieces */
@@ -79,10 +80,6 @@ typedef struct uct_usnic_channel_ops {
 #define UCT_USNIC_CHANNEL_MAX_BURST 64
 
 
-/* Bytes of the end-to-end checksum at the end of a datagram, when on */
-#define UCT_USNIC_CHECKSUM_LEN sizeof(uint32_t)
-
-
 /**
  * Receive buffer. The datagram lands at a fixed offset behind this header,
  * after the room the channel's user asked for (AM headroom) and the
@@ -122,7 +119,8 @@ typedef struct uct_usnic_channel_params {
     const uct_iface_mpool_config_t *rx_mpool;
     const ucs_range_spec_t    *port_range;  /* 0-0: any port */
     uct_usnic_channel_rx_cb_t rx_cb;
-    int                       checksum;     /* End-to-end checksum */
+    uct_usnic_seal_type_t     seal_type;    /* End-to-end integrity */
+    const uct_usnic_seal_key_t *seal_key;   /* For a MAC */
     int                       wakeup;       /* CQ with a wait fd */
     int                       coalesce;     /* Bursts from a peer may come
                                                as one buffer (UDP_GRO) */
@@ -156,11 +154,9 @@ struct uct_usnic_channel {
     size_t                    prefix_size;  /* FI_MSG_PREFIX room */
     size_t                    rx_offset;    /* Datagram offset in a desc */
     size_t                    max_msg_size; /* Datagram size, no prefix */
-    int                       checksum;     /* Datagrams end with one */
-    struct XXH3_state_s       *hash_state;  /* Checksum of a datagram sent
-                                               in pieces */
+    uct_usnic_seal_t          seal;         /* Ends every datagram */
     uct_usnic_fault_t         *fault;       /* NULL unless injecting */
-    uint64_t                  rx_bad_checksum; /* Dropped datagrams */
+    uint64_t                  rx_bad_seal;  /* Dropped: damaged or forged */
     unsigned                  rx_queue_len;
     unsigned                  rx_batch;
     unsigned                  rx_posted;
@@ -198,9 +194,6 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
 void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel);
 
 
-void uct_usnic_channel_checksum_put(void *datagram, size_t length);
-
-
 /* Copy a datagram's pieces into the channel's gather buffer */
 void *uct_usnic_channel_gather(uct_usnic_channel_t *channel,
                                const uct_usnic_dgram_t *dgram);
@@ -235,17 +228,18 @@ uct_usnic_channel_progress(uct_usnic_channel_t *channel, unsigned max_events)
 
 /*
  * Send a datagram. The buffer starts with the provider's prefix room and has
- * room for a checksum after the length bytes of the datagram. Returns 0, or
+ * room for a seal after the length bytes of the datagram. Returns 0, or
  * a negative errno: -FI_EAGAIN when the send queue is full.
  */
 static UCS_F_ALWAYS_INLINE ssize_t
 uct_usnic_channel_send(uct_usnic_channel_t *channel, void *buffer,
                        size_t length, fi_addr_t dest)
 {
-    if (channel->checksum) {
-        uct_usnic_channel_checksum_put(
-                UCS_PTR_BYTE_OFFSET(buffer, channel->prefix_size), length);
-        length += UCT_USNIC_CHECKSUM_LEN;
+    if (channel->seal.length != 0) {
+        uct_usnic_seal_put(&channel->seal,
+                           UCS_PTR_BYTE_OFFSET(buffer, channel->prefix_size),
+                           length);
+        length += channel->seal.length;
     }
 
     if (ucs_unlikely(channel->fault != NULL)) {
@@ -260,7 +254,7 @@ uct_usnic_channel_send(uct_usnic_channel_t *channel, void *buffer,
 
 /*
  * Send datagrams to one peer, in order, as few system calls as the provider
- * allows; a datagram's last piece grows by the checksum. Returns how many
+ * allows; a datagram's last piece grows by the seal. Returns how many
  * were sent.
  */
 unsigned uct_usnic_channel_send_burst(uct_usnic_channel_t *channel,

@@ -203,6 +203,15 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      "over each datagram; both sides must set the same value.",
      ucs_offsetof(uct_usnic_iface_config_t, checksum), UCS_CONFIG_TYPE_BOOL},
 
+    {"AUTH_KEY", "",
+     "File holding a secret shared by every process of the job: 16 to 4096\n"
+     "bytes, e.g. made with 'head -c 32 /dev/urandom > FILE', readable only by\n"
+     "its owner. When set, every datagram carries a 16-byte MAC (keyed BLAKE2b,\n"
+     "libsodium) in place of the checksum: a datagram not sent by a holder of\n"
+     "the key, or altered on the way, is dropped and counted, whoever sent it.\n"
+     "All processes must set the same key. Needs libsodium at build time.",
+     ucs_offsetof(uct_usnic_iface_config_t, auth_key), UCS_CONFIG_TYPE_STRING},
+
     UCT_USNIC_FAULT_CONFIG_FIELD(DROP, "never sent"),
     UCT_USNIC_FAULT_CONFIG_FIELD(DUPLICATE, "sent twice"),
     UCT_USNIC_FAULT_CONFIG_FIELD(REORDER, "sent after the next datagram"),
@@ -317,7 +326,7 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
         }
     }
 
-    if (!config->checksum &&
+    if (!config->checksum && (config->auth_key[0] == '\0') &&
         ((config->fault.prob[UCT_USNIC_FAULT_CORRUPT] > 0) ||
          (config->fault.prob[UCT_USNIC_FAULT_TRUNCATE] > 0))) {
         ucs_warn("%s and %s without %s=y: damaged datagrams may be "
@@ -639,7 +648,7 @@ void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
 {
     uct_usnic_channel_t *channel = &iface->channels[UCT_USNIC_CHANNEL_PRIO];
     void *buffer                 = ucs_alloca(channel->prefix_size + length +
-                                              UCT_USNIC_CHECKSUM_LEN);
+                                              UCT_USNIC_SEAL_MAX_LEN);
     ssize_t ret;
 
     /* The provider may want room for its own header in front */
@@ -785,19 +794,29 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
             .rx_cb        = uct_usnic_rx_data
         }
     };
+    uct_usnic_seal_type_t seal_type = iface->config.seal_type;
+    uct_usnic_seal_key_t key;
     uct_usnic_channel_id_t id;
     ucs_status_t status;
+
+    if (seal_type == UCT_USNIC_SEAL_MAC) {
+        status = uct_usnic_seal_key_load(UCT_USNIC_CONFIG_VAR("AUTH_KEY"),
+                                         config->auth_key, &key);
+        if (status != UCS_OK) {
+            return status;
+        }
+    }
 
     for (id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
         ch_params[id].tx_queue_len = config->tx_queue_len;
         ch_params[id].rx_batch     = config->rx_post_batch;
         ch_params[id].max_msg_size = iface->config.mtu +
-                                     (config->checksum ?
-                                      UCT_USNIC_CHECKSUM_LEN : 0);
+                                     uct_usnic_seal_length(seal_type);
         ch_params[id].rx_mpool     = &config->rx_mpool;
         ch_params[id].port_range   = &config->port_range;
         ch_params[id].wakeup       = config->event_fd;
-        ch_params[id].checksum     = config->checksum;
+        ch_params[id].seal_type    = seal_type;
+        ch_params[id].seal_key     = &key;
         ch_params[id].id           = id;
         ch_params[id].fault        = &config->fault;
 
@@ -808,12 +827,14 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
         }
     }
 
+    uct_usnic_seal_key_erase(&key);
     return UCS_OK;
 
 err_cleanup:
     while (id-- > 0) {
         uct_usnic_channel_cleanup(&iface->channels[id]);
     }
+    uct_usnic_seal_key_erase(&key);
     return status;
 }
 
@@ -845,7 +866,7 @@ uct_usnic_iface_init_buffers(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
     status = uct_usnic_md_mpool_init(md, &iface->tx_mp,
                                      iface->config.tx_hdr_offset +
                                      iface->config.mtu +
-                                     UCT_USNIC_CHECKSUM_LEN,
+                                     UCT_USNIC_SEAL_MAX_LEN,
                                      0, UCS_SYS_CACHE_LINE_SIZE,
                                      &config->tx_mpool, 256, NULL,
                                      "usnic_tx_desc");
@@ -917,15 +938,21 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
     size_t prefix = (info->mode & FI_MSG_PREFIX) ?
                     info->ep_attr->msg_prefix_size : 0;
 
+    /* A key's MAC stands in for the checksum */
+    iface->config.seal_type         = (config->auth_key[0] != '\0') ?
+                                      UCT_USNIC_SEAL_MAC :
+                                      config->checksum ?
+                                      UCT_USNIC_SEAL_CHECKSUM :
+                                      UCT_USNIC_SEAL_NONE;
     /* Every datagram goes out with fi_inject, which copies it; the
-     * protocol's room excludes a checksum */
+     * protocol's room excludes the seal */
     iface->config.mtu               = ucs_min((config->mtu == UCS_MEMUNITS_AUTO) ?
                                               info->ep_attr->max_msg_size :
                                               config->mtu,
                                               info->tx_attr->inject_size -
                                               prefix) -
-                                      (config->checksum ?
-                                       UCT_USNIC_CHECKSUM_LEN : 0);
+                                      uct_usnic_seal_length(
+                                              iface->config.seal_type);
     iface->config.max_payload       = iface->config.mtu -
                                       sizeof(uct_usnic_hdr_t) -
                                       sizeof(uct_usnic_open_ext_t);
@@ -1292,7 +1319,7 @@ static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
               "dropped: %lu invalid, %lu stale, %lu forged, %lu no stream, "
               "%lu duplicate, "
               "%lu out of window, %lu no resource, %lu PUT key, %lu PUT range, "
-              "%lu GET key, %lu GET range, %lu bad checksum",
+              "%lu GET key, %lu GET range, %lu bad %s",
               iface, iface->stats.tx_packets, iface->stats.tx_bundled,
               iface->stats.tx_held, iface->stats.tx_resends,
               iface->stats.tx_timeouts, iface->stats.tx_tail_probes,
@@ -1309,8 +1336,9 @@ static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
               drop[UCT_USNIC_RX_DROP_PUT_RANGE],
               drop[UCT_USNIC_RX_DROP_GET_KEY],
               drop[UCT_USNIC_RX_DROP_GET_RANGE],
-              iface->channels[UCT_USNIC_CHANNEL_PRIO].rx_bad_checksum +
-              iface->channels[UCT_USNIC_CHANNEL_DATA].rx_bad_checksum);
+              iface->channels[UCT_USNIC_CHANNEL_PRIO].rx_bad_seal +
+              iface->channels[UCT_USNIC_CHANNEL_DATA].rx_bad_seal,
+              uct_usnic_seal_name(iface->config.seal_type));
 }
 
 static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t)

@@ -135,6 +135,7 @@ typedef struct uct_usnic_iface_config {
     unsigned                 max_resend;
     ucs_range_spec_t         port_range;
     int                      checksum;
+    char                     *auth_key;
     int                      event_fd;
     uct_usnic_fault_config_t fault;
     uct_iface_mpool_config_t rx_mpool;
@@ -188,7 +189,8 @@ typedef struct uct_usnic_iface {
                                                    remote write */
     unsigned long           put_refused_unlogged;
     struct {
-        size_t              mtu;           /* Datagram size */
+        size_t              mtu;           /* Datagram size, no seal */
+        uct_usnic_seal_type_t seal_type;
         size_t              max_payload;   /* Payload of one datagram */
         size_t              max_bcopy;
         size_t              put_max_payload; /* PUT data of one datagram */

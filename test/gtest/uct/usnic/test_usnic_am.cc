@@ -624,7 +624,9 @@ UCS_TEST_P(test_usnic_am, flush_semantics) {
     EXPECT_UCS_OK(uct_ep_flush(sender->ep(0), 0, NULL));
 
     for (int i = 0; i < 100; ++i) {
-        send(sender, 0, sizeof(message) + (i * 37) % max_short(),
+        send(sender, 0,
+             sizeof(message) +
+                     (i * 37) % (max_short() - sizeof(message) + 1),
              (i % 2) != 0);
     }
 
@@ -957,7 +959,7 @@ UCS_TEST_P(test_usnic_faults, corrupt_truncate) {
     uint64_t corrupted = injected(sender, UCT_USNIC_FAULT_CORRUPT);
     uint64_t truncated = injected(sender, UCT_USNIC_FAULT_TRUNCATE);
     uint64_t caught    = receiver_iface()->channels[UCT_USNIC_CHANNEL_DATA]
-                                 .rx_bad_checksum;
+                                 .rx_bad_seal;
 
     /* Every damaged datagram is caught by the checksum (one that was both
      * corrupted and cut short, once) */

@@ -102,12 +102,11 @@ protected:
 
     /* Send a raw datagram to e, and progress only e until it took it */
     void send_and_wait(entity *e, uct_usnic_channel_id_t id, const void *data,
-                       size_t length, bool add_checksum = true)
+                       size_t length, bool seal = true)
     {
         uint64_t seen = usnic_test::rx_seen(usnic_iface(e));
 
-        usnic_test::send_datagram(usnic_iface(e), id, data, length,
-                                  add_checksum);
+        usnic_test::send_datagram(usnic_iface(e), id, data, length, seal);
         EXPECT_TRUE(progress_until(e, [&]() {
             return usnic_test::rx_seen(usnic_iface(e)) > seen;
         }));
@@ -201,42 +200,39 @@ UCS_TEST_P(test_usnic_forged, data_needs_token) {
 }
 
 /*
- * On the path: a copy of the stream's next datagram, token and checksum
- * right, then changed on the way without recomputing the checksum (by
- * default on): dropped before the protocol reads it.
+ * On the path: a copy of the stream's next datagram, token and seal right,
+ * then changed on the way without sealing it again: dropped before the
+ * protocol reads it (the checksum is on by default).
  */
 UCS_TEST_P(test_usnic_forged, altered_copy_dropped) {
     const uct_usnic_channel_t *channel =
             &usnic_iface(m_receiver)->channels[UCT_USNIC_CHANNEL_DATA];
-    uct_usnic_ep_t *ep = sender_ep();
-    struct {
-        am_datagram am;
-        uint32_t    checksum;
-        uint32_t    extension;
-    } UCS_S_PACKED dgram;
-    size_t length = sizeof(dgram.am) + sizeof(dgram.checksum);
+    am_datagram am                     = {};
+    uint8_t dgram[sizeof(am) + UCT_USNIC_SEAL_MAX_LEN + 4] = {};
+    size_t length                      = sizeof(am) + channel->seal.length;
 
-    ASSERT_TRUE(channel->checksum) << "the checksum is not on by default";
+    ASSERT_NE(UCT_USNIC_SEAL_NONE, channel->seal.type)
+            << "datagrams are not sealed by default";
     send_genuine(1);
-    dgram.am = next_am(2, ep->token);
-    uct_usnic_channel_checksum_put(&dgram.am, sizeof(dgram.am));
-    dgram.extension = 0;
-    dgram.am.payload ^= UCS_BIT(17);
-    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, length, false);
-    EXPECT_EQ(1u, channel->rx_bad_checksum);
+    am = next_am(2, sender_ep()->token);
+    memcpy(dgram, &am, sizeof(am));
+    uct_usnic_seal_put(&channel->seal, dgram, sizeof(am));
+    dgram[ucs_offsetof(am_datagram, payload) + 2] ^= 2;
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, dgram, length, false);
+    EXPECT_EQ(1u, channel->rx_bad_seal);
     EXPECT_EQ(1u, m_payloads.size());
 
     /* Cut short, and extended */
-    dgram.am.payload ^= UCS_BIT(17);
-    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, length - 1,
+    dgram[ucs_offsetof(am_datagram, payload) + 2] ^= 2;
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, dgram, length - 1,
                   false);
-    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, sizeof(dgram),
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, dgram, length + 4,
                   false);
-    EXPECT_EQ(3u, channel->rx_bad_checksum);
+    EXPECT_EQ(3u, channel->rx_bad_seal);
     EXPECT_EQ(1u, m_payloads.size());
 
     /* The genuine one is taken */
-    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, length, false);
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, dgram, length, false);
     ASSERT_EQ(2u, m_payloads.size());
     EXPECT_EQ(2u, m_payloads.back());
 }
@@ -308,3 +304,162 @@ UCS_TEST_P(test_usnic_forged, acks_need_token) {
 }
 
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_forged, usnic)
+
+
+/*
+ * With UCX_USNIC_AUTH_KEY: forged on the path by someone who knows the
+ * protocol and has seen the token, but not the key.
+ */
+class test_usnic_auth : public test_usnic_forged {
+protected:
+    void init()
+    {
+        if (!HAVE_USNIC_SODIUM) {
+            UCS_TEST_SKIP_R("built without libsodium");
+        }
+
+        uct_test::init();
+        m_key_file = write_key(0x5a);
+        modify_config("AUTH_KEY", m_key_file);
+        test_usnic_forged::init();
+    }
+
+    void cleanup()
+    {
+        test_usnic_forged::cleanup();
+        unlink(m_key_file.c_str());
+    }
+
+    /* A key file of 32 bytes from seed, readable only by its owner */
+    static std::string write_key(uint8_t seed)
+    {
+        char path[] = "/tmp/usnic_key.XXXXXX";
+        uint8_t key[32];
+        int fd;
+
+        for (size_t i = 0; i < sizeof(key); ++i) {
+            key[i] = seed + i * 37;
+        }
+
+        fd = mkstemp(path);
+        EXPECT_GE(fd, 0);
+        EXPECT_EQ((ssize_t)sizeof(key), write(fd, key, sizeof(key)));
+        close(fd);
+        return path;
+    }
+
+    static ucs_status_t copy_handler(void *arg, void *data, size_t length,
+                                     unsigned flags)
+    {
+        std::vector<uint8_t> *copy = (std::vector<uint8_t>*)arg;
+
+        copy->assign((uint8_t*)data, (uint8_t*)data + length);
+        return UCS_OK;
+    }
+
+    const uct_usnic_channel_t *channel(entity *e, uct_usnic_channel_id_t id)
+    {
+        return &usnic_iface(e)->channels[id];
+    }
+
+    std::string m_key_file;
+};
+
+UCS_TEST_P(test_usnic_auth, mac_on_every_datagram) {
+    std::vector<uint8_t> data(5000), copy;
+    size_t count;
+
+    for (entity *e : {m_sender, m_receiver}) {
+        for (int id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
+            EXPECT_EQ(UCT_USNIC_SEAL_MAC,
+                      channel(e, (uct_usnic_channel_id_t)id)->seal.type);
+        }
+    }
+
+    /* Short, and in several datagrams gathered from the user's pieces */
+    send_genuine(1);
+    for (size_t i = 0; i < data.size(); ++i) {
+        data[i] = i * 7;
+    }
+    ASSERT_UCS_OK(uct_iface_set_am_handler(m_receiver->iface(), AM_ID + 1,
+                                           copy_handler, &copy, 0));
+    std::vector<uct_iov_t> iov = usnic_test::random_iov(
+            data.data(), data.size(), UCT_USNIC_ZCOPY_MAX_IOV);
+    count = usnic_iface(m_receiver)->stats.rx_packets;
+    ASSERT_EQ(UCS_INPROGRESS,
+              uct_ep_am_zcopy(m_sender->ep(0), AM_ID + 1, NULL, 0, iov.data(),
+                              iov.size(), 0, NULL));
+    flush();
+    EXPECT_EQ(data, copy);
+    EXPECT_GE(usnic_iface(m_receiver)->stats.rx_packets, count + 4);
+    EXPECT_EQ(0u, channel(m_receiver, UCT_USNIC_CHANNEL_DATA)->rx_bad_seal);
+    EXPECT_EQ(0u, channel(m_sender, UCT_USNIC_CHANNEL_PRIO)->rx_bad_seal);
+}
+
+UCS_TEST_P(test_usnic_auth, forger_with_token_dropped) {
+    const uct_usnic_channel_t *data = channel(m_receiver,
+                                              UCT_USNIC_CHANNEL_DATA);
+    const uct_usnic_channel_t *prio = channel(m_sender,
+                                              UCT_USNIC_CHANNEL_PRIO);
+    uct_usnic_ep_t *ep              = sender_ep();
+    uct_usnic_seal_t checksum;
+    usnic_test::ack_datagram ack_dgram;
+    am_datagram am;
+    std::vector<uint8_t> dgram;
+
+    send_genuine(1);
+
+    /* Right token, with no seal, with a checksum, with a wrong MAC */
+    am = next_am(2, ep->token);
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &am, sizeof(am), false);
+    ASSERT_UCS_OK(uct_usnic_seal_init(&checksum, UCT_USNIC_SEAL_CHECKSUM,
+                                      NULL));
+    dgram.resize(sizeof(am) + UCT_USNIC_SEAL_MAX_LEN);
+    memcpy(dgram.data(), &am, sizeof(am));
+    uct_usnic_seal_put(&checksum, dgram.data(), sizeof(am));
+    uct_usnic_seal_cleanup(&checksum);
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, dgram.data(),
+                  sizeof(am) + UCT_USNIC_SEAL_CHECKSUM_LEN, false);
+    uct_usnic_seal_put(&data->seal, dgram.data(), sizeof(am));
+    dgram[sizeof(am) + 3] ^= 1;
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, dgram.data(),
+                  sizeof(am) + UCT_USNIC_SEAL_MAC_LEN, false);
+    EXPECT_EQ(3u, data->rx_bad_seal);
+    EXPECT_EQ(1u, m_payloads.size());
+
+    /* The same datagram sealed with the key is taken */
+    dgram[sizeof(am) + 3] ^= 1;
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, dgram.data(),
+                  sizeof(am) + UCT_USNIC_SEAL_MAC_LEN, false);
+    ASSERT_EQ(2u, m_payloads.size());
+    EXPECT_EQ(2u, m_payloads.back());
+
+    /* An ACK with the token that would complete a message in flight */
+    ASSERT_UCS_OK(uct_ep_am_short(m_sender->ep(0), AM_ID, 3, NULL, 0));
+    ack_dgram = ack(ep->next_psn - 1, ep->token);
+    send_and_wait(m_sender, UCT_USNIC_CHANNEL_PRIO, &ack_dgram,
+                  sizeof(ack_dgram), false);
+    EXPECT_EQ(1u, prio->rx_bad_seal);
+    EXPECT_EQ(1u, ep->tx_count);
+}
+
+UCS_TEST_P(test_usnic_auth, different_keys_never_deliver) {
+    std::string other = write_key(0xa5);
+    entity *stranger;
+
+    modify_config("AUTH_KEY", other);
+    stranger = create_entity(0);
+    m_entities.push_back(stranger);
+    unlink(other.c_str());
+    stranger->connect(0, *m_receiver, 0);
+
+    ASSERT_UCS_OK(uct_ep_am_short(stranger->ep(0), AM_ID, 7, NULL, 0));
+    EXPECT_TRUE(progress_until(m_receiver, [&]() {
+        return channel(m_receiver, UCT_USNIC_CHANNEL_DATA)->rx_bad_seal > 0;
+    }));
+    short_progress_loop(100);
+    EXPECT_TRUE(m_payloads.empty());
+    EXPECT_EQ(0u, usnic_iface(m_receiver)->stats.rx_packets);
+}
+
+_UCT_INSTANTIATE_TEST_CASE(test_usnic_auth, usnic)

@@ -252,7 +252,9 @@ UCS_TEST_P(test_usnic_iface, bad_config_values) {
         {"PORT_RANGE", "70000-70001"},
         {"PORT_RANGE", "45678"}, /* one port for two channels */
         {"FAULT_DROP", "1.5"},
-        {"FAULT_CORRUPT", "-0.1"}
+        {"FAULT_CORRUPT", "-0.1"},
+        {"AUTH_KEY", "/nonexistent/usnic.key"},
+        {"AUTH_KEY", "/dev/null"}
     };
 
     for (size_t i = 0; i < ucs_static_array_size(cases); ++i) {
@@ -277,9 +279,8 @@ UCS_TEST_P(test_usnic_iface, good_config_values) {
 
     ASSERT_UCS_OK(open_iface("MTU", "512", &iface));
     uct_usnic_iface_t *usnic = ucs_derived_of(iface, uct_usnic_iface_t);
-    /* The protocol's room leaves out the checksum */
-    EXPECT_EQ(512u - (usnic->channels[UCT_USNIC_CHANNEL_DATA].checksum ?
-                      UCT_USNIC_CHECKSUM_LEN : 0),
+    /* The protocol's room leaves out the seal */
+    EXPECT_EQ(512u - usnic->channels[UCT_USNIC_CHANNEL_DATA].seal.length,
               usnic->config.mtu);
     uct_iface_close(iface);
 

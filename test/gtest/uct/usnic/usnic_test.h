@@ -76,17 +76,16 @@ static inline uint64_t rx_seen(const uct_usnic_iface_t *iface)
         seen += iface->stats.rx_drop[reason];
     }
     for (int id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
-        seen += iface->channels[id].rx_bad_checksum;
+        seen += iface->channels[id].rx_bad_seal;
     }
     return seen;
 }
 
 /* Send a raw UDP datagram to one channel of an iface, as a peer would:
- * with the checksum behind it when the channel expects one (unless told
- * not to add it) */
+ * sealed as the channel expects (unless told not to seal it) */
 static inline void send_datagram(const uct_usnic_iface_t *iface,
                                  uct_usnic_channel_id_t id, const void *data,
-                                 size_t length, bool add_checksum = true)
+                                 size_t length, bool seal = true)
 {
     const uct_usnic_channel_t *channel = &iface->channels[id];
     struct sockaddr_in dest            = channel->addr;
@@ -94,9 +93,9 @@ static inline void send_datagram(const uct_usnic_iface_t *iface,
                                (const uint8_t*)data + length);
     int fd;
 
-    if (channel->checksum && add_checksum) {
-        dgram.resize(length + UCT_USNIC_CHECKSUM_LEN);
-        uct_usnic_channel_checksum_put(dgram.data(), length);
+    if (seal) {
+        dgram.resize(length + channel->seal.length);
+        uct_usnic_seal_put(&channel->seal, dgram.data(), length);
     }
 
     fd = socket(AF_INET, SOCK_DGRAM, 0);
