@@ -636,8 +636,11 @@ ucs_status_t uct_usnic_av_open(uct_usnic_av_t *av, uct_usnic_md_t *md)
 
     av->fid      = NULL;
     av->addrs    = NULL;
+    av->free     = NULL;
+    av->num_free = 0;
     av->count    = 0;
     av->capacity = 0;
+    kh_init_inplace(uct_usnic_av_map, &av->map);
     if (md->kernel) {
         return UCS_OK;
     }
@@ -646,6 +649,7 @@ ucs_status_t uct_usnic_av_open(uct_usnic_av_t *av, uct_usnic_md_t *md)
     if (ret != 0) {
         ucs_error("fi_av_open(%s) failed: %s", md->info->domain_attr->name,
                   fi_strerror(-ret));
+        kh_destroy_inplace(uct_usnic_av_map, &av->map);
         return UCS_ERR_IO_ERROR;
     }
 
@@ -656,7 +660,9 @@ void uct_usnic_av_close(uct_usnic_av_t *av)
 {
     int ret;
 
+    kh_destroy_inplace(uct_usnic_av_map, &av->map);
     ucs_free(av->addrs);
+    ucs_free(av->free);
     if (av->fid == NULL) {
         return;
     }
@@ -667,41 +673,121 @@ void uct_usnic_av_close(uct_usnic_av_t *av)
     }
 }
 
-ucs_status_t uct_usnic_av_insert(uct_usnic_av_t *av,
-                                 const struct sockaddr_in *addr,
-                                 fi_addr_t *fi_addr_p)
+static UCS_F_ALWAYS_INLINE uint64_t
+uct_usnic_av_key(const struct sockaddr_in *addr)
 {
-    char str[UCS_SOCKADDR_STRING_LEN];
-    struct sockaddr_in *addrs;
-    size_t capacity;
-    int ret;
+    return ((uint64_t)addr->sin_addr.s_addr << 16) | addr->sin_port;
+}
 
-    if (av->fid != NULL) {
-        ret = fi_av_insert(av->fid, addr, 1, fi_addr_p, 0, NULL);
-        if (ret != 1) {
-            ucs_error("fi_av_insert(%s) failed: %s",
-                      ucs_sockaddr_str((const struct sockaddr*)addr, str,
-                                       sizeof(str)),
-                      fi_strerror((ret < 0) ? -ret : FI_EOTHER));
-            return UCS_ERR_IO_ERROR;
-        }
+/* The kernel provider's table: a free entry, or a new one */
+static ucs_status_t uct_usnic_av_sock_insert(uct_usnic_av_t *av,
+                                             const struct sockaddr_in *addr,
+                                             fi_addr_t *fi_addr_p)
+{
+    struct sockaddr_in *addrs;
+    fi_addr_t *free_list;
+    size_t capacity;
+
+    if (av->num_free > 0) {
+        *fi_addr_p            = av->free[--av->num_free];
+        av->addrs[*fi_addr_p] = *addr;
         return UCS_OK;
     }
 
     if (av->count == av->capacity) {
-        capacity = ucs_max(av->capacity * 2, 16);
-        addrs    = ucs_realloc(av->addrs, capacity * sizeof(*addrs),
-                               "usnic_av");
+        capacity  = ucs_max(av->capacity * 2, 16);
+        addrs     = ucs_realloc(av->addrs, capacity * sizeof(*addrs),
+                                "usnic_av");
         if (addrs == NULL) {
-            ucs_error("failed to grow the usnic address table to %zu",
-                      capacity);
-            return UCS_ERR_NO_MEMORY;
+            goto err_no_memory;
         }
-        av->addrs    = addrs;
+        av->addrs = addrs;
+
+        free_list = ucs_realloc(av->free, capacity * sizeof(*free_list),
+                                "usnic_av_free");
+        if (free_list == NULL) {
+            goto err_no_memory;
+        }
+        av->free     = free_list;
         av->capacity = capacity;
     }
 
     av->addrs[av->count] = *addr;
     *fi_addr_p           = av->count++;
     return UCS_OK;
+
+err_no_memory:
+    ucs_error("failed to grow the usnic address table to %zu entries",
+              av->capacity * 2);
+    return UCS_ERR_NO_MEMORY;
+}
+
+ucs_status_t uct_usnic_av_insert(uct_usnic_av_t *av,
+                                 const struct sockaddr_in *addr,
+                                 fi_addr_t *fi_addr_p)
+{
+    char str[UCS_SOCKADDR_STRING_LEN];
+    uct_usnic_av_entry_t *entry;
+    ucs_status_t status;
+    khiter_t iter;
+    int ret;
+
+    iter = kh_put(uct_usnic_av_map, &av->map, uct_usnic_av_key(addr), &ret);
+    if (ret < 0) {
+        return UCS_ERR_NO_MEMORY;
+    }
+
+    entry = &kh_value(&av->map, iter);
+    if (ret == 0) {
+        ++entry->refs;
+        *fi_addr_p = entry->fi_addr;
+        return UCS_OK;
+    }
+
+    if (av->fid == NULL) {
+        status = uct_usnic_av_sock_insert(av, addr, &entry->fi_addr);
+    } else {
+        ret    = fi_av_insert(av->fid, addr, 1, &entry->fi_addr, 0, NULL);
+        status = (ret == 1) ? UCS_OK : UCS_ERR_IO_ERROR;
+        if (status != UCS_OK) {
+            ucs_error("fi_av_insert(%s) failed: %s",
+                      ucs_sockaddr_str((const struct sockaddr*)addr, str,
+                                       sizeof(str)),
+                      fi_strerror((ret < 0) ? -ret : FI_EOTHER));
+        }
+    }
+
+    if (status != UCS_OK) {
+        kh_del(uct_usnic_av_map, &av->map, iter);
+        return status;
+    }
+
+    entry->refs = 1;
+    *fi_addr_p  = entry->fi_addr;
+    return UCS_OK;
+}
+
+void uct_usnic_av_remove(uct_usnic_av_t *av, const struct sockaddr_in *addr)
+{
+    khiter_t iter = kh_get(uct_usnic_av_map, &av->map,
+                           uct_usnic_av_key(addr));
+    uct_usnic_av_entry_t *entry;
+    int ret;
+
+    ucs_assert_always(iter != kh_end(&av->map));
+    entry = &kh_value(&av->map, iter);
+    if (--entry->refs > 0) {
+        return;
+    }
+
+    if (av->fid == NULL) {
+        av->free[av->num_free++] = entry->fi_addr;
+    } else {
+        ret = fi_av_remove(av->fid, &entry->fi_addr, 1, 0);
+        if (ret != 0) {
+            ucs_warn("fi_av_remove(%" PRIu64 ") failed: %s", entry->fi_addr,
+                     fi_strerror(-ret));
+        }
+    }
+    kh_del(uct_usnic_av_map, &av->map, iter);
 }

@@ -42,16 +42,33 @@ typedef struct uct_usnic_dgram {
 } uct_usnic_dgram_t;
 
 
+/* A peer address in the address vector, and how many eps and streams use
+ * it */
+typedef struct uct_usnic_av_entry {
+    fi_addr_t fi_addr;
+    unsigned  refs;
+} uct_usnic_av_entry_t;
+
+/* IPv4 address and port -> entry */
+KHASH_INIT(uct_usnic_av_map, uint64_t, uct_usnic_av_entry_t, 1,
+           uct_usnic_hash64, uct_usnic_hash64_equal)
+
+
 /**
  * Peers' addresses, shared by the channels of an iface. A fi_addr_t names
  * an entry: libfabric's address vector, or on the kernel provider an index
- * into the table of socket addresses.
+ * into the table of socket addresses. An address is inserted once however
+ * many eps and streams use it, and removed with the last of them, so that
+ * streams opened and reclaimed without end leave no trace.
  */
 typedef struct uct_usnic_av {
-    struct fid_av      *fid;      /* NULL on the kernel provider */
-    struct sockaddr_in *addrs;    /* Kernel provider's table */
-    size_t             count;
-    size_t             capacity;
+    struct fid_av             *fid;      /* NULL on the kernel provider */
+    struct sockaddr_in        *addrs;    /* Kernel provider's table */
+    fi_addr_t                 *free;     /* Its entries free for reuse */
+    size_t                    num_free;
+    size_t                    count;
+    size_t                    capacity;
+    khash_t(uct_usnic_av_map) map;
 } uct_usnic_av_t;
 
 
@@ -182,6 +199,10 @@ void uct_usnic_av_close(uct_usnic_av_t *av);
 ucs_status_t uct_usnic_av_insert(uct_usnic_av_t *av,
                                  const struct sockaddr_in *addr,
                                  fi_addr_t *fi_addr_p);
+
+
+/* One user of the address less */
+void uct_usnic_av_remove(uct_usnic_av_t *av, const struct sockaddr_in *addr);
 
 
 ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,

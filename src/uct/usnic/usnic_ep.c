@@ -126,6 +126,9 @@ UCS_CLASS_CLEANUP_FUNC(uct_usnic_ep_t)
     }
     ucs_arbiter_group_cleanup(&self->arb_group);
     ucs_ptr_array_remove(&iface->eps, self->id);
+    uct_usnic_iface_av_remove(
+            iface, self->peer_dev_addr.in_addr,
+            self->peer_iface_addr.ports[UCT_USNIC_CHANNEL_DATA]);
     uct_usnic_iface_leave(iface);
 }
 

@@ -23,7 +23,6 @@
 #include <rdma/fi_endpoint.h>
 #include <arpa/inet.h>
 #include <ifaddrs.h>
-#include <sys/random.h>
 
 
 /* Link speed assumed when the device does not report one, bits/s */
@@ -180,6 +179,40 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      "UCS_ERR_ENDPOINT_TIMEOUT through the iface's error handler.",
      ucs_offsetof(uct_usnic_iface_config_t, timeout), UCS_CONFIG_TYPE_TIME},
 
+    {"MAX_STREAMS", "4096",
+     "Most receive streams (one per remote endpoint sending to this iface).\n"
+     "A new stream beyond it takes the place of the one quiet the longest,\n"
+     "if quiet for STREAM_IDLE; else its packets are dropped until one is.\n"
+     "A stream whose sender has been silent for TIMEOUT is reclaimed anyway;\n"
+     "a sender whose stream was reclaimed opens it again.",
+     ucs_offsetof(uct_usnic_iface_config_t, max_streams), UCS_CONFIG_TYPE_UINT},
+
+    {"STREAM_IDLE", "1s",
+     "How long a stream must have been quiet to give way to a new one when\n"
+     "MAX_STREAMS are open; at least twice RTO_MAX (a smaller value counts as\n"
+     "that), so that its sender is known to have every acknowledgement.",
+     ucs_offsetof(uct_usnic_iface_config_t, stream_idle), UCS_CONFIG_TYPE_TIME},
+
+    {"MAX_OOO", "1024",
+     "Most packets kept out of order, waiting for the ones before them, on\n"
+     "all streams of the iface together. Beyond it, such packets are dropped\n"
+     "and resent by their senders. Each stream with packets kept also holds\n"
+     "a reorder ring of STREAM_MAX_OOO pointers.",
+     ucs_offsetof(uct_usnic_iface_config_t, max_ooo), UCS_CONFIG_TYPE_UINT},
+
+    {"STREAM_MAX_OOO", "1024",
+     "How far ahead of the next expected packet a stream keeps packets that\n"
+     "arrive out of order; rounded up to a power of two, at most WINDOW.",
+     ucs_offsetof(uct_usnic_iface_config_t, stream_max_ooo),
+     UCS_CONFIG_TYPE_UINT},
+
+    {"MAX_REASSEMBLY", "64",
+     "Most messages of several datagrams being reassembled at once, on all\n"
+     "streams together; each holds a buffer of MAX_BCOPY bytes. The first\n"
+     "datagram of one more is dropped and resent by its sender.",
+     ucs_offsetof(uct_usnic_iface_config_t, max_reassembly),
+     UCS_CONFIG_TYPE_UINT},
+
     {"PORT_RANGE", "0",
      "UDP ports the channels bind to, tried in order, a free one for each\n"
      "channel (priority channel first); 0 lets the operating system choose.\n"
@@ -295,7 +328,15 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
         {UCT_USNIC_CONFIG_VAR("ACK_FREQ"), config->ack_freq, 1,
          config->window, "at most WINDOW"},
         {UCT_USNIC_CONFIG_VAR("MAX_RESEND"), config->max_resend, 1, 65536,
-         "datagrams per progress call"}
+         "datagrams per progress call"},
+        {UCT_USNIC_CONFIG_VAR("MAX_STREAMS"), config->max_streams, 1,
+         UCT_USNIC_STREAM_ID_NONE - 1, "receive streams per iface"},
+        {UCT_USNIC_CONFIG_VAR("MAX_OOO"), config->max_ooo, 0, 1 << 20,
+         "packets kept out of order per iface"},
+        {UCT_USNIC_CONFIG_VAR("STREAM_MAX_OOO"), config->stream_max_ooo, 1,
+         config->window, "at most WINDOW"},
+        {UCT_USNIC_CONFIG_VAR("MAX_REASSEMBLY"), config->max_reassembly, 1,
+         1 << 20, "messages reassembled at once per iface"}
     };
     const uct_usnic_config_range_t *range;
     int type;
@@ -592,6 +633,10 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
         ++count;
     }
 
+    if (!ucs_list_is_empty(&iface->streams_lru)) {
+        uct_usnic_rx_reclaim_streams(iface, ucs_get_time());
+    }
+
     if (!ucs_arbiter_is_empty(&iface->arbiter)) {
         iface->in_pending = 1;
         ucs_arbiter_dispatch(&iface->arbiter, 1, uct_usnic_ep_do_pending,
@@ -630,9 +675,8 @@ static void uct_usnic_iface_async_timer(int id, ucs_event_set_types_t events,
     uct_usnic_iface_event_async(iface);
 }
 
-ucs_status_t uct_usnic_iface_av_insert(uct_usnic_iface_t *iface,
-                                       uint32_t in_addr, uint16_t port,
-                                       fi_addr_t *fi_addr_p)
+static UCS_F_ALWAYS_INLINE struct sockaddr_in
+uct_usnic_iface_sockaddr(uint32_t in_addr, uint16_t port)
 {
     struct sockaddr_in addr = {
         .sin_family      = AF_INET,
@@ -640,7 +684,24 @@ ucs_status_t uct_usnic_iface_av_insert(uct_usnic_iface_t *iface,
         .sin_addr.s_addr = in_addr
     };
 
+    return addr;
+}
+
+ucs_status_t uct_usnic_iface_av_insert(uct_usnic_iface_t *iface,
+                                       uint32_t in_addr, uint16_t port,
+                                       fi_addr_t *fi_addr_p)
+{
+    struct sockaddr_in addr = uct_usnic_iface_sockaddr(in_addr, port);
+
     return uct_usnic_av_insert(&iface->av, &addr, fi_addr_p);
+}
+
+void uct_usnic_iface_av_remove(uct_usnic_iface_t *iface, uint32_t in_addr,
+                               uint16_t port)
+{
+    struct sockaddr_in addr = uct_usnic_iface_sockaddr(in_addr, port);
+
+    uct_usnic_av_remove(&iface->av, &addr);
 }
 
 void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
@@ -722,17 +783,6 @@ static double uct_usnic_link_speed(const char *dev_name)
 
     return (speed_mbps > 0) ? (speed_mbps * 1e6) :
                               UCT_USNIC_DEFAULT_LINK_SPEED;
-}
-
-ucs_status_t uct_usnic_random(void *buf, size_t length)
-{
-    if (getrandom(buf, length, 0) != (ssize_t)length) {
-        ucs_error("usnic: cannot read %zu random bytes from the kernel: %m",
-                  length);
-        return UCS_ERR_IO_ERROR;
-    }
-
-    return UCS_OK;
 }
 
 static ucs_status_t uct_usnic_iface_init_address(uct_usnic_iface_t *iface)
@@ -1002,6 +1052,14 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
     iface->config.rto_max           = ucs_time_from_sec(config->rto_max);
     iface->config.max_resend        = config->max_resend;
     iface->config.timeout           = ucs_time_from_sec(config->timeout);
+    iface->config.max_streams       = config->max_streams;
+    iface->config.max_ooo           = config->max_ooo;
+    iface->config.ooo_ring_size     = ucs_roundup_pow2(
+            (unsigned)config->stream_max_ooo);
+    iface->config.max_reassembly    = config->max_reassembly;
+    /* Its sender would have resent within RTO_MAX */
+    iface->config.stream_idle       = ucs_time_from_sec(
+            ucs_max(config->stream_idle, 2 * config->rto_max));
 }
 
 /*
@@ -1236,6 +1294,10 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     self->num_gets         = 0;
     self->next_get_serial  = 1;
     self->streams_opened   = 0;
+    self->num_streams      = 0;
+    self->rx_ooo_count     = 0;
+    self->rx_reassembling  = 0;
+    self->next_reclaim_check = 0;
     kh_init_inplace(uct_usnic_reply_eps, &self->reply_eps);
     kh_init_inplace(uct_usnic_streams, &self->stream_hash);
     kh_init_inplace(uct_usnic_peers, &self->peers);
@@ -1243,6 +1305,7 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     ucs_list_head_init(&self->active_eps);
     ucs_list_head_init(&self->failed_eps);
     ucs_list_head_init(&self->ack_streams);
+    ucs_list_head_init(&self->streams_lru);
     ucs_list_head_init(&self->bundle_eps);
     ucs_list_head_init(&self->held_eps);
 
@@ -1314,8 +1377,9 @@ static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
 
     ucs_debug("usnic iface %p: tx %lu datagrams, %lu AMs bundled, %lu "
               "messages held back, %lu resent (%lu timeouts, "
-              "%lu tail probes, %lu read replies revoked), %lu standalone "
-              "and %lu piggy-backed ACKs; rx %lu datagrams, %lu ACKs; "
+              "%lu tail probes, %lu read replies revoked), %lu streams "
+              "opened again, %lu standalone and %lu piggy-backed ACKs; rx "
+              "%lu datagrams, %lu ACKs, %lu streams reclaimed; "
               "dropped: %lu invalid, %lu stale, %lu forged, %lu no stream, "
               "%lu duplicate, "
               "%lu out of window, %lu no resource, %lu PUT key, %lu PUT range, "
@@ -1323,9 +1387,10 @@ static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
               iface, iface->stats.tx_packets, iface->stats.tx_bundled,
               iface->stats.tx_held, iface->stats.tx_resends,
               iface->stats.tx_timeouts, iface->stats.tx_tail_probes,
-              iface->stats.tx_reads_revoked, iface->stats.tx_acks,
-              iface->stats.tx_piggy_acks,
+              iface->stats.tx_reads_revoked, iface->stats.tx_reopens,
+              iface->stats.tx_acks, iface->stats.tx_piggy_acks,
               iface->stats.rx_packets, iface->stats.rx_acks,
+              iface->stats.rx_streams_reclaimed,
               drop[UCT_USNIC_RX_DROP_INVALID], drop[UCT_USNIC_RX_DROP_STALE],
               drop[UCT_USNIC_RX_DROP_FORGED],
               drop[UCT_USNIC_RX_DROP_NO_STREAM],

@@ -65,7 +65,9 @@ typedef enum {
 } uct_usnic_rx_drop_t;
 
 
-KHASH_MAP_INIT_INT64(uct_usnic_streams, uint32_t)
+/* Sender incarnation and ep serial -> stream id */
+KHASH_INIT(uct_usnic_streams, uint64_t, uint32_t, 1, uct_usnic_hash64,
+           uct_usnic_hash64_equal)
 
 
 /**
@@ -86,10 +88,12 @@ typedef struct uct_usnic_peer {
     ucs_time_t                 closed_time;
 } uct_usnic_peer_t;
 
-KHASH_MAP_INIT_INT(uct_usnic_peers, uct_usnic_peer_t)
+KHASH_INIT(uct_usnic_peers, uint32_t, uct_usnic_peer_t, 1, uct_usnic_hash64,
+           uct_usnic_hash64_equal)
 
 /* Peer iface incarnation -> the ep that replies to its reads */
-KHASH_MAP_INIT_INT(uct_usnic_reply_eps, struct uct_usnic_ep*)
+KHASH_INIT(uct_usnic_reply_eps, uint32_t, struct uct_usnic_ep*, 1,
+           uct_usnic_hash64, uct_usnic_hash64_equal)
 
 
 /**
@@ -133,6 +137,11 @@ typedef struct uct_usnic_iface_config {
     double                   async_tick;
     double                   timeout;
     unsigned                 max_resend;
+    unsigned                 max_streams;
+    double                   stream_idle;
+    unsigned                 max_ooo;
+    unsigned                 stream_max_ooo;
+    unsigned                 max_reassembly;
     ucs_range_spec_t         port_range;
     int                      checksum;
     char                     *auth_key;
@@ -158,6 +167,11 @@ typedef struct uct_usnic_iface {
     ucs_ptr_array_t         streams;       /* stream id -> rx stream */
     khash_t(uct_usnic_streams) stream_hash; /* sender key -> stream id */
     uint64_t                streams_opened; /* Ever, on this iface */
+    unsigned                num_streams;
+    ucs_list_link_t         streams_lru;   /* Least recently active first */
+    unsigned                rx_ooo_count;  /* Packets parked, all streams */
+    unsigned                rx_reassembling; /* Messages being reassembled */
+    ucs_time_t              next_reclaim_check;
     khash_t(uct_usnic_peers) peers;        /* peer incarnation -> peer */
     ucs_arbiter_t           arbiter;       /* eps with pending requests */
     ucs_list_link_t         active_eps;    /* eps with unacked packets */
@@ -216,6 +230,13 @@ typedef struct uct_usnic_iface {
         ucs_time_t          rto_max;
         unsigned            max_resend;
         ucs_time_t          timeout;       /* Peer failure */
+        unsigned            max_streams;
+        ucs_time_t          stream_idle;   /* A stream quiet this long may
+                                              give way to a new one */
+        unsigned            max_ooo;       /* Packets parked, all streams */
+        unsigned            ooo_ring_size; /* Reach of a stream's reorder
+                                              ring: a power of two */
+        unsigned            max_reassembly;
     } config;
     struct {
         uint64_t            rx_drop[UCT_USNIC_RX_DROP_LAST];
@@ -230,8 +251,10 @@ typedef struct uct_usnic_iface {
         uint64_t            tx_bundled;    /* AMs sent in bundles */
         uint64_t            tx_held;       /* Messages held back to share a
                                               system call */
+        uint64_t            tx_reopens;    /* Streams opened again */
         uint64_t            rx_packets;
         uint64_t            rx_acks;
+        uint64_t            rx_streams_reclaimed;
     } stats;
 } uct_usnic_iface_t;
 
@@ -239,12 +262,13 @@ typedef struct uct_usnic_iface {
 ucs_status_t uct_usnic_iface_get_address(uct_iface_h tl_iface,
                                          uct_iface_addr_t *addr);
 
-/* Fill a buffer from the kernel's random source */
-ucs_status_t uct_usnic_random(void *buf, size_t length);
-
+/* Peer addresses (network order), counted by their users */
 ucs_status_t uct_usnic_iface_av_insert(uct_usnic_iface_t *iface,
                                        uint32_t in_addr, uint16_t port,
                                        fi_addr_t *fi_addr_p);
+
+void uct_usnic_iface_av_remove(uct_usnic_iface_t *iface, uint32_t in_addr,
+                               uint16_t port);
 
 void uct_usnic_iface_peer_link(uct_usnic_iface_t *iface, uint32_t incarnation,
                                struct uct_usnic_ep *ep,

@@ -14,6 +14,7 @@
 #include <ucs/debug/log.h>
 #include <ucs/debug/memtrack_int.h>
 #include <ucs/sys/string.h>
+#include <ucs/type/init_once.h>
 
 #include <rdma/fi_errno.h>
 #include <netinet/in.h>
@@ -295,18 +296,19 @@ static ucs_status_t uct_usnic_md_query(uct_md_h uct_md,
 }
 UCT_USNIC_MD_QUERY_ADAPTER(uct_usnic_md_query)
 
-/* Draw the secret of a new registration; a peer must not be able to guess
- * it, so it comes from the kernel's random source */
-static ucs_status_t uct_usnic_md_draw_secret(uint64_t *secret_p)
+uint64_t uct_usnic_hash_seed;
+
+ucs_status_t uct_usnic_random(void *buf, size_t length)
 {
     ssize_t ret;
 
     do {
-        ret = getrandom(secret_p, sizeof(*secret_p), 0);
+        ret = getrandom(buf, length, 0);
     } while ((ret < 0) && (errno == EINTR));
 
-    if (ret != sizeof(*secret_p)) {
-        ucs_error("getrandom() failed to give a registration secret: %m");
+    if (ret != (ssize_t)length) {
+        ucs_error("usnic: cannot read %zu random bytes from the kernel: %m",
+                  length);
         return UCS_ERR_IO_ERROR;
     }
 
@@ -325,7 +327,8 @@ uct_usnic_mem_reg(uct_md_h uct_md, void *address, size_t length,
     uint64_t secret;
     int ret;
 
-    status = uct_usnic_md_draw_secret(&secret);
+    /* A peer must not be able to guess it */
+    status = uct_usnic_random(&secret, sizeof(secret));
     if (status != UCS_OK) {
         return status;
     }
@@ -627,8 +630,17 @@ uct_usnic_md_open(uct_component_t *component, const char *md_name,
 {
     const uct_usnic_md_config_t *md_config =
             ucs_derived_of(uct_md_config, uct_usnic_md_config_t);
+    static ucs_init_once_t seed_once = UCS_INIT_ONCE_INITIALIZER;
     uct_usnic_md_t *md;
-    ucs_status_t status;
+    ucs_status_t status = UCS_OK;
+
+    UCS_INIT_ONCE(&seed_once) {
+        status = uct_usnic_random(&uct_usnic_hash_seed,
+                                  sizeof(uct_usnic_hash_seed));
+    }
+    if (status != UCS_OK) {
+        return status;
+    }
 
     md = ucs_calloc(1, sizeof(*md), "usnic_md");
     if (md == NULL) {

@@ -9,12 +9,14 @@
 
 #include "usnic_compat.h"
 
+#include <ucs/datastruct/khash.h>
 #include <ucs/datastruct/mpool.h>
 #include <ucs/datastruct/ptr_array.h>
 #include <ucs/type/spinlock.h>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
+#include <xxhash.h>
 
 
 /* libfabric API version of the headers the module is built with */
@@ -85,6 +87,25 @@ typedef enum {
 
 
 extern uct_component_t uct_usnic_component;
+
+
+/* Fill a buffer from the kernel's random source */
+ucs_status_t uct_usnic_random(void *buf, size_t length);
+
+
+/* Random, drawn when the first MD opens */
+extern uint64_t uct_usnic_hash_seed;
+
+
+/* Hash of a key that peers choose (stream keys, incarnations, addresses):
+ * seeded, so that nobody outside the process can aim at collisions */
+static UCS_F_ALWAYS_INLINE khint_t uct_usnic_hash64(uint64_t key)
+{
+    return (khint_t)XXH3_64bits_withSeed(&key, sizeof(key),
+                                         uct_usnic_hash_seed);
+}
+
+#define uct_usnic_hash64_equal(_a, _b) ((_a) == (_b))
 
 
 /* The IPv4 interfaces (the one named domain_name), described as libfabric

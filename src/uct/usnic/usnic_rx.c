@@ -44,23 +44,120 @@ uct_usnic_rx_ack_due(const uct_usnic_iface_t *iface,
 static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
                                   uct_usnic_rx_stream_t *stream);
 
-/* Reorder ring slot of a PSN; the window is a power of two, so that PSNs
- * less than a window apart never share a slot, even across the wrap */
+/* Reorder ring slot of a PSN; the ring's size is a power of two, so that
+ * PSNs less than a ring apart never share a slot, even across the wrap */
 static UCS_F_ALWAYS_INLINE unsigned
 uct_usnic_rx_ooo_slot(const uct_usnic_iface_t *iface, uct_usnic_psn_t psn)
 {
-    return psn & (iface->config.window - 1);
+    return psn & (iface->config.ooo_ring_size - 1);
+}
+
+/* A packet taken out of the reorder ring. The ring goes once nothing waits
+ * in it: rings are held only by streams with packets parked, at most
+ * MAX_OOO of them */
+static void uct_usnic_rx_ooo_take(uct_usnic_iface_t *iface,
+                                  uct_usnic_rx_stream_t *stream, unsigned slot)
+{
+    stream->ooo[slot] = NULL;
+    --stream->ooo_count;
+    --iface->rx_ooo_count;
+    if (stream->ooo_count == 0) {
+        ucs_free(stream->ooo);
+        stream->ooo = NULL;
+    }
+}
+
+/* The message being reassembled goes (delivered, or given up) */
+static void uct_usnic_rx_reassembly_end(uct_usnic_iface_t *iface,
+                                        uct_usnic_rx_stream_t *stream)
+{
+    if (stream->am_buf != NULL) {
+        ucs_mpool_put(stream->am_buf);
+        stream->am_buf = NULL;
+        --iface->rx_reassembling;
+    }
+}
+
+static void uct_usnic_rx_stream_reclaim(uct_usnic_iface_t *iface,
+                                        uct_usnic_rx_stream_t *stream,
+                                        const char *why)
+{
+    ucs_debug("iface %p: reclaiming rx stream %u from ep %u of iface 0x%x: "
+              "%s", iface, stream->id, stream->src_ep_id,
+              uct_usnic_rx_stream_peer(stream), why);
+    ++iface->stats.rx_streams_reclaimed;
+    uct_usnic_rx_stream_destroy(iface, stream);
+}
+
+/* The stream quiet the longest */
+static UCS_F_ALWAYS_INLINE uct_usnic_rx_stream_t *
+uct_usnic_rx_stream_oldest(uct_usnic_iface_t *iface)
+{
+    return ucs_list_head(&iface->streams_lru, uct_usnic_rx_stream_t,
+                         lru_list);
+}
+
+void uct_usnic_rx_reclaim_streams(uct_usnic_iface_t *iface, ucs_time_t now)
+{
+    uct_usnic_rx_stream_t *stream;
+
+    if (now < iface->next_reclaim_check) {
+        return;
+    }
+
+    iface->next_reclaim_check = now + (iface->config.stream_idle / 4);
+    while (!ucs_list_is_empty(&iface->streams_lru)) {
+        stream = uct_usnic_rx_stream_oldest(iface);
+        if (uct_usnic_elapsed(now, stream->last_time) <
+            iface->config.timeout) {
+            break;
+        }
+
+        uct_usnic_rx_stream_reclaim(iface, stream,
+                                    "its sender was silent for the timeout");
+    }
+}
+
+/*
+ * Room for one more stream: at MAX_STREAMS, the one quiet the longest gives
+ * way if it has been quiet for STREAM_IDLE. Its sender then has every ACK
+ * (it would have resent otherwise), and opens the stream again when it next
+ * sends. A flood of new streams cannot push out the ones in use.
+ */
+static int uct_usnic_rx_stream_make_room(uct_usnic_iface_t *iface,
+                                         ucs_time_t now)
+{
+    uct_usnic_rx_stream_t *oldest;
+
+    if (iface->num_streams < iface->config.max_streams) {
+        return 1;
+    }
+
+    oldest = uct_usnic_rx_stream_oldest(iface);
+    if (uct_usnic_elapsed(now, oldest->last_time) <
+        iface->config.stream_idle) {
+        return 0;
+    }
+
+    uct_usnic_rx_stream_reclaim(iface, oldest,
+                                "quiet, and MAX_STREAMS are open");
+    return 1;
 }
 
 static uct_usnic_rx_stream_t *
 uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
                            const uct_usnic_hdr_t *hdr,
-                           const uct_usnic_open_ext_t *open, uint64_t key)
+                           const uct_usnic_open_ext_t *open, uint64_t key,
+                           ucs_time_t now)
 {
     uct_usnic_rx_stream_t *stream;
     ucs_status_t status;
     khiter_t iter;
     int ret;
+
+    if (!uct_usnic_rx_stream_make_room(iface, now)) {
+        return NULL;
+    }
 
     stream = ucs_calloc(1, sizeof(*stream), "usnic_rx_stream");
     if (stream == NULL) {
@@ -77,6 +174,8 @@ uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
 
     iter = kh_put(uct_usnic_streams, &iface->stream_hash, key, &ret);
     if (ret < 0) {
+        uct_usnic_iface_av_remove(iface, open->src_in_addr,
+                                  open->src_prio_port);
         ucs_free(stream);
         return NULL;
     }
@@ -88,8 +187,12 @@ uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
     stream->src_ep_id    = open->src_ep_id;
     stream->src_in_addr  = open->src_in_addr;
     stream->src_port     = open->src_data_port;
+    stream->src_prio_port = open->src_prio_port;
     stream->expected_psn = open->first_psn;
+    stream->last_time    = now;
     ucs_list_head_init(&stream->ack_list);
+    ucs_list_add_tail(&iface->streams_lru, &stream->lru_list);
+    ++iface->num_streams;
     kh_value(&iface->stream_hash, iter) = stream->id;
 
     uct_usnic_iface_peer_link(iface, uct_usnic_rx_stream_peer(stream), NULL,
@@ -105,22 +208,23 @@ void uct_usnic_rx_stream_destroy(uct_usnic_iface_t *iface,
     khiter_t iter;
     unsigned i;
 
-    if (stream->ooo != NULL) {
-        for (i = 0; i < iface->config.window; ++i) {
-            if (stream->ooo[i] != NULL) {
-                uct_usnic_channel_rx_desc_put(stream->ooo[i]);
-            }
+    for (i = 0; (stream->ooo != NULL) && (i < iface->config.ooo_ring_size);
+         ++i) {
+        if (stream->ooo[i] != NULL) {
+            uct_usnic_channel_rx_desc_put(stream->ooo[i]);
+            uct_usnic_rx_ooo_take(iface, stream, i);
         }
-        ucs_free(stream->ooo);
     }
 
-    if (stream->am_buf != NULL) {
-        ucs_mpool_put(stream->am_buf);
-    }
+    uct_usnic_rx_reassembly_end(iface, stream);
 
     uct_usnic_iface_peer_unlink(iface, uct_usnic_rx_stream_peer(stream), NULL,
                                 stream);
+    uct_usnic_iface_av_remove(iface, stream->src_in_addr,
+                              stream->src_prio_port);
     ucs_list_del(&stream->ack_list);
+    ucs_list_del(&stream->lru_list);
+    --iface->num_streams;
     iter = kh_get(uct_usnic_streams, &iface->stream_hash, stream->key);
     if (iter != kh_end(&iface->stream_hash)) {
         kh_del(uct_usnic_streams, &iface->stream_hash, iter);
@@ -146,7 +250,7 @@ static int uct_usnic_rx_stream_opened_by(const uct_usnic_rx_stream_t *stream,
  */
 static uct_usnic_rx_stream_t *
 uct_usnic_rx_stream_get(uct_usnic_iface_t *iface, const uct_usnic_hdr_t *hdr,
-                        const uct_usnic_open_ext_t *open)
+                        const uct_usnic_open_ext_t *open, ucs_time_t now)
 {
     uct_usnic_rx_stream_t *stream;
     khiter_t iter;
@@ -193,7 +297,7 @@ uct_usnic_rx_stream_get(uct_usnic_iface_t *iface, const uct_usnic_hdr_t *hdr,
 
     /* A packet after the first may open the stream: the first was lost
      * and will be resent */
-    stream = uct_usnic_rx_stream_create(iface, hdr, open, key);
+    stream = uct_usnic_rx_stream_create(iface, hdr, open, key, now);
     if (stream == NULL) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_RESOURCE);
     }
@@ -243,20 +347,21 @@ uct_usnic_rx_deliver(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
     if (flags & UCT_USNIC_PKT_FLAG_FIRST) {
         if (am_buf != NULL) {
             /* The sender never starts a message inside another one */
-            ucs_mpool_put(am_buf);
+            uct_usnic_rx_reassembly_end(iface, stream);
             uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
         }
 
+        /* uct_usnic_rx_may_take() made sure there is room */
         am_buf = ucs_mpool_get(&iface->am_buf_mp);
         if (am_buf == NULL) {
             ucs_error("failed to allocate a usnic reassembly buffer");
-            stream->am_buf = NULL;
             return UCS_OK;
         }
 
         am_buf->length = 0;
         am_buf->am_id  = hdr->am_id;
         stream->am_buf = am_buf;
+        ++iface->rx_reassembling;
     } else if (am_buf == NULL) {
         /* Continuation of a message whose start was refused */
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
@@ -265,8 +370,7 @@ uct_usnic_rx_deliver(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
 
     data = UCS_PTR_BYTE_OFFSET(am_buf, iface->config.am_buf_offset);
     if ((am_buf->length + length) > iface->config.max_bcopy) {
-        ucs_mpool_put(am_buf);
-        stream->am_buf = NULL;
+        uct_usnic_rx_reassembly_end(iface, stream);
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
         return UCS_OK;
     }
@@ -277,7 +381,9 @@ uct_usnic_rx_deliver(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
         return UCS_OK;
     }
 
+    /* The user may keep the buffer: it no longer counts as reassembly */
     stream->am_buf = NULL;
+    --iface->rx_reassembling;
     status = uct_usnic_rx_invoke_am(iface, am_buf->am_id, data,
                                     am_buf->length, &am_buf->release);
     if (status != UCS_INPROGRESS) {
@@ -538,6 +644,22 @@ uct_usnic_rx_in_order(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
                                 body_len);
 }
 
+/*
+ * Whether the stream's next packet may be taken now: the first datagram of
+ * a message in several needs a reassembly buffer, and MAX_REASSEMBLY may be
+ * in use. Refused, it is resent by its sender.
+ */
+static UCS_F_ALWAYS_INLINE int
+uct_usnic_rx_may_take(const uct_usnic_iface_t *iface,
+                      const uct_usnic_hdr_t *hdr)
+{
+    return ucs_likely((hdr->flags & UCT_USNIC_PKT_FLAG_LAST) ||
+                      !(hdr->flags & UCT_USNIC_PKT_FLAG_FIRST) ||
+                      (hdr->type != UCT_USNIC_PKT_AM) ||
+                      (iface->rx_reassembling <
+                       iface->config.max_reassembly));
+}
+
 /* Deliver the packets kept in the reorder ring that are now in order */
 static void uct_usnic_rx_drain_ooo(uct_usnic_iface_t *iface,
                                    uct_usnic_channel_t *channel,
@@ -554,12 +676,16 @@ static void uct_usnic_rx_drain_ooo(uct_usnic_iface_t *iface,
             break;
         }
 
-        stream->ooo[slot] = NULL;
-        --stream->ooo_count;
+        uct_usnic_rx_ooo_take(iface, stream, slot);
+        hdr = uct_usnic_rx_desc_data(channel, desc);
+        if (ucs_unlikely(!uct_usnic_rx_may_take(iface, hdr))) {
+            uct_usnic_channel_rx_desc_put(desc);
+            uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_RESOURCE);
+            break;
+        }
+
         ++stream->expected_psn;
         ++stream->unacked;
-
-        hdr = uct_usnic_rx_desc_data(channel, desc);
         if (uct_usnic_rx_in_order(iface, stream, desc, hdr, desc->length) !=
             UCS_INPROGRESS) {
             uct_usnic_channel_rx_desc_put(desc);
@@ -567,23 +693,29 @@ static void uct_usnic_rx_drain_ooo(uct_usnic_iface_t *iface,
     }
 }
 
-/* Keep a packet that arrived ahead of a hole */
+/* Keep a packet that arrived ahead of a hole, as far as the caps allow */
 static ucs_status_t uct_usnic_rx_keep_ooo(uct_usnic_iface_t *iface,
                                           uct_usnic_rx_stream_t *stream,
                                           uct_usnic_rx_desc_t *desc,
                                           uct_usnic_psn_t psn)
 {
-    unsigned window = iface->config.window;
-    unsigned slot   = uct_usnic_rx_ooo_slot(iface, psn);
+    uct_usnic_psn_t ahead = psn - stream->expected_psn;
+    unsigned slot         = uct_usnic_rx_ooo_slot(iface, psn);
 
-    if ((psn - stream->expected_psn) >= window) {
+    if (ahead >= iface->config.window) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_OUT_OF_WINDOW);
         return UCS_OK;
     }
 
+    if ((ahead >= iface->config.ooo_ring_size) ||
+        (iface->rx_ooo_count >= iface->config.max_ooo)) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_RESOURCE);
+        return UCS_OK;
+    }
+
     if (stream->ooo == NULL) {
-        stream->ooo = ucs_calloc(window, sizeof(*stream->ooo),
-                                 "usnic_rx_ooo");
+        stream->ooo = ucs_calloc(iface->config.ooo_ring_size,
+                                 sizeof(*stream->ooo), "usnic_rx_ooo");
         if (stream->ooo == NULL) {
             uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_RESOURCE);
             return UCS_OK;
@@ -597,6 +729,7 @@ static ucs_status_t uct_usnic_rx_keep_ooo(uct_usnic_iface_t *iface,
 
     stream->ooo[slot] = desc;
     ++stream->ooo_count;
+    ++iface->rx_ooo_count;
     return UCS_INPROGRESS;
 }
 
@@ -613,15 +746,24 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
     ucs_status_t status;
     size_t body_len;
     uct_usnic_psn_t psn;
+    ucs_time_t now;
 
     hdr = uct_usnic_rx_parse(iface, data, length, &open, &ack, &body_len);
     if (ucs_unlikely(hdr == NULL)) {
         return UCS_OK;
     }
 
-    stream = uct_usnic_rx_stream_get(iface, hdr, open);
+    now    = ucs_get_time();
+    stream = uct_usnic_rx_stream_get(iface, hdr, open, now);
     if (ucs_unlikely(stream == NULL)) {
         return UCS_OK;
+    }
+
+    /* The most recently active stream goes last in line for reclaiming */
+    stream->last_time = now;
+    if (stream->lru_list.next != &iface->streams_lru) {
+        ucs_list_del(&stream->lru_list);
+        ucs_list_add_tail(&iface->streams_lru, &stream->lru_list);
     }
 
     /* Even a duplicate may carry news for the reverse direction */
@@ -642,6 +784,11 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
     }
 
     if (ucs_likely(psn == stream->expected_psn)) {
+        if (ucs_unlikely(!uct_usnic_rx_may_take(iface, hdr))) {
+            uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_RESOURCE);
+            return UCS_OK;
+        }
+
         ++stream->expected_psn;
         ++stream->unacked;
         status = uct_usnic_rx_in_order(iface, stream, desc, hdr, body_len);
@@ -679,7 +826,7 @@ void uct_usnic_rx_ack_take(uct_usnic_rx_stream_t *stream,
 static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
                                   uct_usnic_rx_stream_t *stream)
 {
-    unsigned window = iface->config.window;
+    unsigned reach = iface->config.ooo_ring_size;
     struct {
         uct_usnic_hdr_t      hdr;
         uct_usnic_ack_body_t body;
@@ -702,7 +849,7 @@ static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
     packet.body.sack            = 0;
 
     if (stream->ooo_count > 0) {
-        for (i = 0; i < ucs_min(64, window - 1); ++i) {
+        for (i = 0; i < ucs_min(64, reach - 1); ++i) {
             if (stream->ooo[uct_usnic_rx_ooo_slot(
                         iface, stream->expected_psn + 1 + i)] != NULL) {
                 packet.body.sack |= UCS_BIT(i);

@@ -36,6 +36,9 @@ typedef struct uct_usnic_rx_stream {
     fi_addr_t            ack_fi_addr;     /* Sender's priority channel */
     uint32_t             src_in_addr;     /* Sender's address and data */
     uint16_t             src_port;        /* port, network order, for logs */
+    uint16_t             src_prio_port;   /* Where our ACKs go */
+    ucs_list_link_t      lru_list;        /* In iface->streams_lru */
+    ucs_time_t           last_time;       /* Of its last packet */
     uct_usnic_psn_t      expected_psn;    /* Next PSN to deliver */
     unsigned             unacked;         /* Delivered since the last ACK */
     ucs_time_t           unacked_since;
@@ -77,6 +80,9 @@ void uct_usnic_rx_ack_take(uct_usnic_rx_stream_t *stream,
 
 void uct_usnic_rx_stream_destroy(uct_usnic_iface_t *iface,
                                  uct_usnic_rx_stream_t *stream);
+
+/* Reclaim the streams whose sender has been silent for the peer timeout */
+void uct_usnic_rx_reclaim_streams(uct_usnic_iface_t *iface, ucs_time_t now);
 
 /* A remote write (write != 0) or read from the peer at in_addr:port
  * (network order) was refused: count it, and tell the user at most once a

@@ -213,13 +213,68 @@ static int uct_usnic_tx_add_ack(uct_usnic_iface_t *iface,
     return 1;
 }
 
+static void uct_usnic_tx_open_fill(uct_usnic_iface_t *iface,
+                                   const uct_usnic_ep_t *ep,
+                                   uct_usnic_open_ext_t *open)
+{
+    open->src_incarnation = iface->incarnation;
+    open->src_ep_id       = ep->id;
+    open->src_ep_serial   = ep->serial;
+    open->src_in_addr     = iface->dev_addr.in_addr;
+    open->src_prio_port   =
+            iface->channels[UCT_USNIC_CHANNEL_PRIO].addr.sin_port;
+    open->src_data_port   =
+            iface->channels[UCT_USNIC_CHANNEL_DATA].addr.sin_port;
+    open->first_psn       = ep->first_psn;
+}
+
+/* The open trailer goes last, after any ACK trailer; there is always room
+ * for it */
+static void uct_usnic_tx_add_open(uct_usnic_iface_t *iface,
+                                  const uct_usnic_ep_t *ep,
+                                  uct_usnic_tx_desc_t *desc)
+{
+    uct_usnic_tx_open_fill(iface, ep, uct_usnic_tx_desc_tail(iface, desc));
+    desc->length += sizeof(uct_usnic_open_ext_t);
+}
+
+/*
+ * The peer may have reclaimed the stream (quiet for long, or a peer short
+ * of streams): what is unacknowledged goes out again as the opening of a
+ * new one, which starts at the oldest of it. A peer that still has the
+ * stream takes the open trailers as those of the stream it has.
+ */
+static void uct_usnic_tx_reopen(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep)
+{
+    uct_usnic_tx_desc_t *desc;
+    uct_usnic_hdr_t *hdr;
+
+    ucs_debug("ep %p: no ACK from the peer's stream %u: opening it again "
+              "from psn %u", ep, ep->peer_stream_id, ep->acked_psn + 1);
+    ++iface->stats.tx_reopens;
+    ep->peer_stream_id = UCT_USNIC_STREAM_ID_NONE;
+    ep->first_psn      = ep->acked_psn + 1;
+    ucs_queue_for_each(desc, &ep->window, queue) {
+        hdr            = uct_usnic_tx_desc_hdr(iface, desc);
+        hdr->stream_id = UCT_USNIC_STREAM_ID_NONE;
+        if (hdr->flags & UCT_USNIC_PKT_FLAG_OPEN) {
+            uct_usnic_tx_open_fill(iface, ep,
+                                   UCS_PTR_BYTE_OFFSET(
+                                           uct_usnic_tx_desc_tail(iface, desc),
+                                           -sizeof(uct_usnic_open_ext_t)));
+        } else {
+            hdr->flags |= UCT_USNIC_PKT_FLAG_OPEN;
+            uct_usnic_tx_add_open(iface, ep, desc);
+        }
+    }
+}
+
 void uct_usnic_tx_queue_zcopy(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
                               uint8_t type, uint8_t am_id, uint8_t flags,
                               size_t body_length)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
     uct_usnic_hdr_t *hdr     = uct_usnic_tx_desc_hdr(iface, desc);
-    uct_usnic_open_ext_t *open;
 
     /* What was posted before goes before */
     if (ucs_unlikely(ep->bundle != NULL)) {
@@ -242,18 +297,8 @@ void uct_usnic_tx_queue_zcopy(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
     }
 
     if (ep->peer_stream_id == UCT_USNIC_STREAM_ID_NONE) {
-        flags                |= UCT_USNIC_PKT_FLAG_OPEN;
-        open                  = uct_usnic_tx_desc_tail(iface, desc);
-        open->src_incarnation = iface->incarnation;
-        open->src_ep_id       = ep->id;
-        open->src_ep_serial   = ep->serial;
-        open->src_in_addr     = iface->dev_addr.in_addr;
-        open->src_prio_port   =
-                iface->channels[UCT_USNIC_CHANNEL_PRIO].addr.sin_port;
-        open->src_data_port   =
-                iface->channels[UCT_USNIC_CHANNEL_DATA].addr.sin_port;
-        open->first_psn       = ep->first_psn;
-        desc->length         += sizeof(*open);
+        flags |= UCT_USNIC_PKT_FLAG_OPEN;
+        uct_usnic_tx_add_open(iface, ep, desc);
     }
 
     /* Once the window cannot take another message, the sender waits for
@@ -663,6 +708,10 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
                 }
                 expired    = 1;
                 resend_all = (desc->resends > 0);
+                if (resend_all &&
+                    (ep->peer_stream_id != UCT_USNIC_STREAM_ID_NONE)) {
+                    uct_usnic_tx_reopen(iface, ep);
+                }
                 ++iface->stats.tx_timeouts;
                 uct_usnic_tx_cwnd_loss(iface, ep, 1);
                 ep->rto = ucs_min(ep->rto * 2, iface->config.rto_max);

@@ -939,6 +939,22 @@ UCS_TEST_P(test_usnic_faults, drop_20_percent) {
     stream_with_drops("0.2");
 }
 
+/* Tight caps on what the receiver keeps out of order (4 packets on the
+ * iface, 8 ahead on a stream): through drops, every message still arrives
+ * once and in order, and nothing stays parked */
+UCS_TEST_P(test_usnic_faults, tight_reorder_caps) {
+    stream({{"FAULT_DROP", "0.05"},
+            {"MAX_OOO", "4"},
+            {"STREAM_MAX_OOO", "7"}},
+           3000 / ucs::test_time_multiplier());
+    uct_usnic_iface_t *receiver = usnic_iface(m_receiver);
+
+    EXPECT_EQ(8u, receiver->config.ooo_ring_size);
+    EXPECT_GT(receiver->stats.rx_drop[UCT_USNIC_RX_DROP_NO_RESOURCE], 0u);
+    EXPECT_EQ(0u, receiver->rx_ooo_count);
+    EXPECT_EQ(0u, receiver->rx_reassembling);
+}
+
 UCS_TEST_P(test_usnic_faults, reorder_duplicate_delay) {
     entity *sender = stream({{"FAULT_REORDER", "0.05"},
                              {"FAULT_DUPLICATE", "0.05"},
