@@ -29,6 +29,7 @@
  *     address is moved into 127.0.0.0/8, so that ACKs the module sends to
  *     it never leave the host, even outside a network namespace;
  *   - open trailer ports 0: the other iface's priority/data ports;
+ *   - open trailer open keys 0: the target's (dst), the other's (src);
  *   - standalone ACK body src_incarnation 0: the other iface's incarnation;
  *   - PUT secret 0: the live registration's secret (its id is 0);
  *   - PUT address below 2^32: the registered region's start plus the low
@@ -41,8 +42,9 @@
  * next time) and descriptors the AM handler kept are released. An input must therefore open its streams
  * itself, with an open trailer; the first stream it opens on an iface has
  * id 0. UCX_USNIC_ACK_DELAY is 0 so that ACKs do not depend on timing.
- * The ifaces are re-created every UCT_USNIC_FUZZ_RESET_RUNS inputs: their
- * address vectors keep every peer address ever seen.
+ * The ifaces are re-created every UCT_USNIC_FUZZ_RESET_RUNS inputs, so that
+ * what an input leaves beyond its streams (the eps that reply to reads,
+ * for one) cannot pile up.
  *
  * With UCT_USNIC_FUZZ_WRITE_SEEDS=<dir> the binary writes its seed corpus
  * to <dir> and exits.
@@ -444,6 +446,12 @@ static void uct_usnic_fuzz_fixup(uct_usnic_fuzz_iface_t *target,
         if (open->src_data_port == 0) {
             open->src_data_port =
                     other->iface_addr.ports[UCT_USNIC_CHANNEL_DATA];
+        }
+        if (open->dst_open_key == 0) {
+            open->dst_open_key = target->usnic->open_key;
+        }
+        if (open->src_open_key == 0) {
+            open->src_open_key = other->usnic->open_key;
         }
     }
 

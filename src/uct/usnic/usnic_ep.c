@@ -57,6 +57,7 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
     self->peer_dev_addr    = *dev_addr;
     self->peer_iface_addr  = *if_addr;
     self->peer_incarnation = if_addr->incarnation;
+    self->peer_open_key    = if_addr->open_key;
     self->peer_stream_id   = UCT_USNIC_STREAM_ID_NONE;
     self->serial           = iface->next_ep_serial++;
     self->token            = secrets.token;

@@ -73,6 +73,7 @@ typedef struct uct_usnic_ep {
     uint32_t              id;              /* Index in iface->eps */
     uint32_t              serial;          /* Unique within the iface */
     uint32_t              peer_incarnation;
+    uint32_t              peer_open_key;
     uint32_t              peer_stream_id;  /* NONE until the first ACK */
     uint64_t              token;           /* Random: in every packet and
                                               in every ACK for them */

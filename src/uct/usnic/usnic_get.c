@@ -320,6 +320,7 @@ uct_usnic_get_reply_ep(uct_usnic_iface_t *iface,
     dev_addr.in_addr                       = stream->src_in_addr;
     if_addr.ports[UCT_USNIC_CHANNEL_DATA] = stream->src_port;
     if_addr.incarnation                    = peer;
+    if_addr.open_key                       = stream->src_open_key;
     params.field_mask = UCT_EP_PARAM_FIELD_IFACE |
                         UCT_EP_PARAM_FIELD_DEV_ADDR |
                         UCT_EP_PARAM_FIELD_IFACE_ADDR;

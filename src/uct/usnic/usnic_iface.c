@@ -500,6 +500,7 @@ ucs_status_t uct_usnic_iface_get_address(uct_iface_h tl_iface,
         if_addr->ports[id] = iface->channels[id].addr.sin_port;
     }
     if_addr->incarnation = iface->incarnation;
+    if_addr->open_key    = iface->open_key;
     return UCS_OK;
 }
 
@@ -789,6 +790,11 @@ static ucs_status_t uct_usnic_iface_init_address(uct_usnic_iface_t *iface)
 {
     uct_usnic_device_addr_t *dev_addr = &iface->dev_addr;
     uct_usnic_channel_t *data         = &iface->channels[UCT_USNIC_CHANNEL_DATA];
+    struct {
+        uint32_t incarnation;
+        uint32_t open_key;
+    } secrets;
+    ucs_status_t status;
 
     dev_addr->magic      = UCT_USNIC_DEV_ADDR_MAGIC;
     dev_addr->in_addr    = data->addr.sin_addr.s_addr;
@@ -796,8 +802,16 @@ static ucs_status_t uct_usnic_iface_init_address(uct_usnic_iface_t *iface)
     dev_addr->ns_id      = ucs_get_system_id() ^
                            (ucs_sys_get_ns(UCS_SYS_NS_TYPE_NET) *
                             0x9e3779b97f4a7c15ul);
-    /* Unguessable, so that nobody off the path can address this iface */
-    return uct_usnic_random(&iface->incarnation, sizeof(iface->incarnation));
+    /* Unguessable, so that nobody off the path can address this iface or
+     * open a stream to it */
+    status = uct_usnic_random(&secrets, sizeof(secrets));
+    if (status != UCS_OK) {
+        return status;
+    }
+
+    iface->incarnation = secrets.incarnation;
+    iface->open_key    = secrets.open_key;
+    return UCS_OK;
 }
 
 static void uct_usnic_iface_init_costs(uct_usnic_iface_t *iface,

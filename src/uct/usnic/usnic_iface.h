@@ -115,6 +115,7 @@ typedef struct uct_usnic_device_addr {
 typedef struct uct_usnic_iface_addr {
     uint16_t ports[UCT_USNIC_CHANNEL_LAST]; /* Network order */
     uint32_t incarnation;
+    uint32_t open_key;   /* Opening a stream here takes it */
 } UCS_S_PACKED uct_usnic_iface_addr_t;
 
 
@@ -158,6 +159,7 @@ typedef struct uct_usnic_iface {
     uct_usnic_channel_t     channels[UCT_USNIC_CHANNEL_LAST];
     uct_usnic_device_addr_t dev_addr;
     uint32_t                incarnation;
+    uint32_t                open_key;      /* Random: see the open trailer */
     double                  bandwidth;     /* Estimated, bytes/s */
     double                  latency;       /* Estimated, seconds */
     double                  overhead;      /* Estimated, seconds */

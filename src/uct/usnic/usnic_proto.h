@@ -18,7 +18,7 @@
  * All fields are little-endian, except addresses and ports (network order).
  */
 
-#define UCT_USNIC_PROTO_VERSION 3
+#define UCT_USNIC_PROTO_VERSION 4
 
 /* Stream id of a packet whose sender does not know the receiver's stream
  * yet: the packet carries an open extension instead */
@@ -87,7 +87,8 @@ typedef struct uct_usnic_hdr {
  * Open trailer: who sends, so the receiver can create its stream and send
  * ACKs back. Carried at the end of data packets (so the payload offset stays
  * fixed) until the first ACK tells the sender the receiver's stream id. The
- * stream's token is the header's.
+ * stream's token is the header's. Opening a stream takes the receiver's
+ * incarnation and open key, 64 random bits given only with its address.
  */
 typedef struct uct_usnic_open_ext {
     uint32_t src_incarnation; /* Sending iface */
@@ -97,6 +98,8 @@ typedef struct uct_usnic_open_ext {
     uint16_t src_prio_port;   /* Where ACKs go */
     uint16_t src_data_port;
     uint32_t first_psn;       /* Random, so that nobody can guess the next */
+    uint32_t src_open_key;    /* Sending iface's, for streams back to it */
+    uint32_t dst_open_key;    /* Receiving iface's, from its address */
 } UCS_S_PACKED uct_usnic_open_ext_t;
 
 

@@ -188,6 +188,7 @@ uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
     stream->src_in_addr  = open->src_in_addr;
     stream->src_port     = open->src_data_port;
     stream->src_prio_port = open->src_prio_port;
+    stream->src_open_key = open->src_open_key;
     stream->expected_psn = open->first_psn;
     stream->last_time    = now;
     ucs_list_head_init(&stream->ack_list);
@@ -285,6 +286,13 @@ uct_usnic_rx_stream_get(uct_usnic_iface_t *iface, const uct_usnic_hdr_t *hdr,
             return NULL;
         }
         return stream;
+    }
+
+    /* Only who was given our address may open a stream: off the path, that
+     * takes guessing the incarnation and the open key, 64 random bits */
+    if (open->dst_open_key != iface->open_key) {
+        uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_FORGED);
+        return NULL;
     }
 
     /* ACKs will go where the trailer says: only to a peer that can be on
@@ -618,6 +626,10 @@ uct_usnic_rx_in_order(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
     }
 
     stream->closed_reply = 0;
+    if (hdr->flags & UCT_USNIC_PKT_FLAG_LAST) {
+        stream->proven = 1;
+    }
+
     switch (hdr->type) {
     case UCT_USNIC_PKT_PUT:
         uct_usnic_rx_put(iface, stream, hdr + 1, body_len);
@@ -645,19 +657,33 @@ uct_usnic_rx_in_order(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
 }
 
 /*
+ * How much of a shared receive resource (reassembly buffers, room for
+ * packets out of order) a stream may use. Streams that have not yet
+ * delivered a message, which is all a flood of forged opens brings, get
+ * half: the streams in use always find the other half.
+ */
+static UCS_F_ALWAYS_INLINE unsigned
+uct_usnic_rx_share(const uct_usnic_rx_stream_t *stream, unsigned cap)
+{
+    return stream->proven ? cap : ((cap + 1) / 2);
+}
+
+/*
  * Whether the stream's next packet may be taken now: the first datagram of
- * a message in several needs a reassembly buffer, and MAX_REASSEMBLY may be
- * in use. Refused, it is resent by its sender.
+ * a message in several needs a reassembly buffer, and they may all be in
+ * use. Refused, it is resent by its sender.
  */
 static UCS_F_ALWAYS_INLINE int
 uct_usnic_rx_may_take(const uct_usnic_iface_t *iface,
+                      const uct_usnic_rx_stream_t *stream,
                       const uct_usnic_hdr_t *hdr)
 {
     return ucs_likely((hdr->flags & UCT_USNIC_PKT_FLAG_LAST) ||
                       !(hdr->flags & UCT_USNIC_PKT_FLAG_FIRST) ||
                       (hdr->type != UCT_USNIC_PKT_AM) ||
                       (iface->rx_reassembling <
-                       iface->config.max_reassembly));
+                       uct_usnic_rx_share(stream,
+                                          iface->config.max_reassembly)));
 }
 
 /* Deliver the packets kept in the reorder ring that are now in order */
@@ -678,7 +704,7 @@ static void uct_usnic_rx_drain_ooo(uct_usnic_iface_t *iface,
 
         uct_usnic_rx_ooo_take(iface, stream, slot);
         hdr = uct_usnic_rx_desc_data(channel, desc);
-        if (ucs_unlikely(!uct_usnic_rx_may_take(iface, hdr))) {
+        if (ucs_unlikely(!uct_usnic_rx_may_take(iface, stream, hdr))) {
             uct_usnic_channel_rx_desc_put(desc);
             uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_RESOURCE);
             break;
@@ -708,7 +734,8 @@ static ucs_status_t uct_usnic_rx_keep_ooo(uct_usnic_iface_t *iface,
     }
 
     if ((ahead >= iface->config.ooo_ring_size) ||
-        (iface->rx_ooo_count >= iface->config.max_ooo)) {
+        (iface->rx_ooo_count >=
+         uct_usnic_rx_share(stream, iface->config.max_ooo))) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_RESOURCE);
         return UCS_OK;
     }
@@ -784,7 +811,7 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
     }
 
     if (ucs_likely(psn == stream->expected_psn)) {
-        if (ucs_unlikely(!uct_usnic_rx_may_take(iface, hdr))) {
+        if (ucs_unlikely(!uct_usnic_rx_may_take(iface, stream, hdr))) {
             uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_RESOURCE);
             return UCS_OK;
         }

@@ -37,12 +37,15 @@ typedef struct uct_usnic_rx_stream {
     uint32_t             src_in_addr;     /* Sender's address and data */
     uint16_t             src_port;        /* port, network order, for logs */
     uint16_t             src_prio_port;   /* Where our ACKs go */
+    uint32_t             src_open_key;    /* For read replies back to it */
     ucs_list_link_t      lru_list;        /* In iface->streams_lru */
     ucs_time_t           last_time;       /* Of its last packet */
     uct_usnic_psn_t      expected_psn;    /* Next PSN to deliver */
     unsigned             unacked;         /* Delivered since the last ACK */
     ucs_time_t           unacked_since;
     int                  ack_now;         /* Gap or duplicate: ACK at once */
+    int                  proven;          /* Has delivered a message (probes
+                                             do not count) */
     int                  closed_reply;    /* The last packet was a probe
                                              and we have no ep to its
                                              sender: say so in the ACK */

@@ -226,6 +226,8 @@ static void uct_usnic_tx_open_fill(uct_usnic_iface_t *iface,
     open->src_data_port   =
             iface->channels[UCT_USNIC_CHANNEL_DATA].addr.sin_port;
     open->first_psn       = ep->first_psn;
+    open->src_open_key    = iface->open_key;
+    open->dst_open_key    = ep->peer_open_key;
 }
 
 /* The open trailer goes last, after any ACK trailer; there is always room

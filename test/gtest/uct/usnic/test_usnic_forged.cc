@@ -256,6 +256,8 @@ UCS_TEST_P(test_usnic_forged, open_trailer_must_match) {
     dgram.open.src_data_port   =
             iface->channels[UCT_USNIC_CHANNEL_DATA].addr.sin_port;
     dgram.open.first_psn       = ep->first_psn;
+    dgram.open.src_open_key    = iface->open_key;
+    dgram.open.dst_open_key    = usnic_iface(m_receiver)->open_key;
     send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, sizeof(dgram));
     EXPECT_EQ(1u, drops(m_receiver, UCT_USNIC_RX_DROP_FORGED));
     EXPECT_EQ(1u, m_payloads.size());
@@ -265,6 +267,35 @@ UCS_TEST_P(test_usnic_forged, open_trailer_must_match) {
     send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, sizeof(dgram));
     ASSERT_EQ(2u, m_payloads.size());
     EXPECT_EQ(2u, m_payloads.back());
+}
+
+/* A new stream opens only with the receiver's open key, given with its
+ * address: off the path, 64 bits to guess with the incarnation */
+UCS_TEST_P(test_usnic_forged, open_needs_iface_key) {
+    uct_usnic_iface_t *receiver = usnic_iface(m_receiver);
+    open_datagram dgram         = {};
+
+    dgram.am                   = next_am(7, 0x70ce);
+    dgram.am.hdr.stream_id     = UCT_USNIC_STREAM_ID_NONE;
+    dgram.am.hdr.psn           = 1;
+    dgram.am.hdr.flags        |= UCT_USNIC_PKT_FLAG_OPEN;
+    dgram.open.src_incarnation = 0x5eed;
+    dgram.open.src_ep_serial   = 1;
+    dgram.open.src_in_addr     = receiver->dev_addr.in_addr;
+    dgram.open.src_prio_port   = htons(9);
+    dgram.open.src_data_port   = htons(9);
+    dgram.open.first_psn       = 1;
+    dgram.open.dst_open_key    = receiver->open_key ^ 1;
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, sizeof(dgram));
+    EXPECT_EQ(1u, drops(m_receiver, UCT_USNIC_RX_DROP_FORGED));
+    EXPECT_EQ(0u, receiver->num_streams);
+    EXPECT_TRUE(m_payloads.empty());
+
+    dgram.open.dst_open_key = receiver->open_key;
+    send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, &dgram, sizeof(dgram));
+    EXPECT_EQ(1u, receiver->num_streams);
+    ASSERT_EQ(1u, m_payloads.size());
+    EXPECT_EQ(7u, m_payloads.back());
 }
 
 /*

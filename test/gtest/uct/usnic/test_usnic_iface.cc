@@ -406,6 +406,7 @@ protected:
         dgram.open.src_prio_port   = htons(9);
         dgram.open.src_data_port   = htons(9);
         dgram.open.first_psn       = 1;
+        dgram.open.dst_open_key    = iface->open_key;
         return dgram;
     }
 

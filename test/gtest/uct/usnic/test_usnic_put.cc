@@ -708,6 +708,7 @@ UCS_TEST_P(test_usnic_put, forged_datagram) {
     packet.open.src_prio_port   = htons(9);
     packet.open.src_data_port   = htons(9);
     packet.open.first_psn       = 1;
+    packet.open.dst_open_key    = iface->open_key;
 
     m_warnings.clear();
     {
