@@ -68,6 +68,33 @@ usnic_have_sodium() {
     grep -q '^#define HAVE_USNIC_SODIUM 1' "${usnic_obj}/config.h"
 }
 
+# usnic_build_tool <binary> <source> [dependencies...] -- [cc arguments...]:
+# build a tool from one source file against the leg's UCX, when the source
+# or a dependency is newer than the binary
+usnic_build_tool() {
+    local bin=$1 src=$2 stale=0 sanitize=()
+    shift 2
+    { [ -x "${bin}" ] && [ ! "${src}" -nt "${bin}" ]; } || stale=1
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do
+        [ ! "$1" -nt "${bin}" ] || stale=1
+        shift
+    done
+    [ $# -eq 0 ] || shift
+    [ "${stale}" -eq 1 ] || return 0
+
+    usnic_log "building ${bin}"
+    mkdir -p "$(dirname "${bin}")"
+    if [ "${USNIC_ASAN:-0}" = 1 ]; then
+        sanitize=(-fsanitize=address -fno-omit-frame-pointer)
+    fi
+    # UCX's headers as system headers: some of theirs trip -Wextra
+    "${CC:-cc}" -O2 -g -Wall -Wextra -Werror "${sanitize[@]}" \
+        -o "${bin}.tmp" "${src}" -isystem "${usnic_prefix}/include" \
+        -L"${usnic_prefix}/lib" -Wl,-rpath,"${usnic_prefix}/lib" "$@" ||
+        usnic_die "cannot build ${src}"
+    mv -f "${bin}.tmp" "${bin}"
+}
+
 # A fresh random key file for UCX_USNIC_AUTH_KEY, readable by its owner only
 usnic_make_key() {
     (umask 077 && head -c 32 /dev/urandom >"$1")

@@ -14,7 +14,9 @@
 #      suites named in USNIC_UCP_SUITES;
 #   4. a UCP matrix: ucx_perftest server and client over lo with
 #      UCX_TLS=usnic, each test within a time bound;
-#   5. the UCP content check (contrib/ucp_check.sh) over lo.
+#   5. the UCP content check (contrib/ucp_check.sh) over lo;
+#   6. the hostile-network test (contrib/hostile.sh): the content check
+#      across two namespaces while datagrams are altered and forged.
 # Ends with one line "N passed, N failed" and fails if any test failed.
 #
 #   contrib/test.sh                  default leg (Debian's UCX + libfabric)
@@ -192,7 +194,8 @@ run_ucp_suites() {
 
 # The suites over libfabric's udp provider, as far as USNIC_UDP_SUITES asks,
 # UCX's event tests (which need the event fd, off by default), the UCP
-# suites after the first, the UCP matrix and the content check over lo
+# suites after the first, the UCP matrix, the content check over lo and
+# the hostile-network test
 second_lane() {
     if [[ "${udp_suites}" == *" own "* ]]; then
         run_suite usnic-own-udp "${own}" UCX_USNIC_PROVIDER=udp
@@ -209,6 +212,24 @@ second_lane() {
     ip netns exec "${netns}" "${usnic_top}/contrib/ucp_check.sh" --lo \
         --no-build || rc=$?
     count "ucp_check over lo" "${rc}"
+    run_hostile
+}
+
+# contrib/hostile.sh: its own two namespaces, three tests
+run_hostile() {
+    local log=${results}/hostile.log counts
+
+    usnic_log "running contrib/hostile.sh; log: ${log}"
+    "${usnic_top}/contrib/hostile.sh" --no-build >"${log}" 2>&1 || true
+    grep '^\[usnic\] \(hostile\|flood\)' "${log}" || true
+    counts=($(sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' \
+              "${log}"))
+    if [ ${#counts[@]} -ne 2 ]; then
+        tail -n 20 "${log}" >&2
+        counts=(0 1)
+    fi
+    total_passed=$((total_passed + counts[0]))
+    total_failed=$((total_failed + counts[1]))
 }
 
 # The second lane in its own namespace, at the same time as the first: the

@@ -46,23 +46,8 @@ usnic_env
 [ -f "${usnic_prefix}/include/ucp/api/ucp.h" ] ||
     usnic_die "no UCX in ${usnic_prefix}: run contrib/build.sh first"
 
-src=${usnic_top}/test/ucp/ucp_check.c
 bin=${usnic_leg_dir}/bin/ucp_check
-if [ ! -x "${bin}" ] || [ "${src}" -nt "${bin}" ]; then
-    usnic_log "building ${bin}"
-    mkdir -p "$(dirname "${bin}")"
-    # UCX's headers as system headers: some of theirs trip -Wextra
-    sanitize=()
-    if [ "${USNIC_ASAN:-0}" = 1 ]; then
-        sanitize=(-fsanitize=address -fno-omit-frame-pointer)
-    fi
-    "${CC:-cc}" -O2 -g -Wall -Wextra -Werror "${sanitize[@]}" \
-        -o "${bin}.tmp" "${src}" -isystem "${usnic_prefix}/include" \
-        -L"${usnic_prefix}/lib" -Wl,-rpath,"${usnic_prefix}/lib" \
-        -lucp -lucs ||
-        usnic_die "cannot build ${src}"
-    mv -f "${bin}.tmp" "${bin}"
-fi
+usnic_build_tool "${bin}" "${usnic_top}/test/ucp/ucp_check.c" -- -lucp -lucs
 
 logs=${usnic_leg_dir}/ucp_check
 mkdir -p "${logs}"
