@@ -132,16 +132,13 @@ protected:
         uct_usnic_ep_t *ep = sender_ep();
         am_datagram dgram  = {};
 
-        dgram.hdr.version     = UCT_USNIC_PROTO_VERSION;
-        dgram.hdr.type        = UCT_USNIC_PKT_AM;
-        dgram.hdr.flags       = UCT_USNIC_PKT_FLAG_FIRST |
-                                UCT_USNIC_PKT_FLAG_LAST;
-        dgram.hdr.am_id       = AM_ID;
-        dgram.hdr.incarnation = ep->peer_incarnation;
-        dgram.hdr.stream_id   = ep->peer_stream_id;
-        dgram.hdr.psn         = ep->next_psn;
-        dgram.hdr.token       = token;
-        dgram.payload         = payload;
+        dgram.hdr     = usnic_test::data_hdr(UCT_USNIC_PKT_AM,
+                                             UCT_USNIC_PKT_FLAG_FIRST |
+                                             UCT_USNIC_PKT_FLAG_LAST,
+                                             AM_ID, ep->peer_incarnation,
+                                             ep->peer_stream_id, ep->next_psn,
+                                             token);
+        dgram.payload = payload;
         return dgram;
     }
 

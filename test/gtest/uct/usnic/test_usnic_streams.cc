@@ -260,15 +260,11 @@ UCS_TEST_P(test_usnic_streams, flood_of_opens) {
     ASSERT_TRUE(progress_until([&]() { return delivered(0); }));
 
     for (unsigned i = 0; i < count; ++i) {
-        dgram.hdr.version          = UCT_USNIC_PROTO_VERSION;
-        dgram.hdr.type             = UCT_USNIC_PKT_AM;
-        dgram.hdr.flags            = UCT_USNIC_PKT_FLAG_FIRST |
-                                     UCT_USNIC_PKT_FLAG_OPEN;
-        dgram.hdr.am_id            = AM_ID;
-        dgram.hdr.incarnation      = receiver->incarnation;
-        dgram.hdr.stream_id        = UCT_USNIC_STREAM_ID_NONE;
-        dgram.hdr.psn              = 1000;
-        dgram.hdr.token            = ucs::rand();
+        dgram.hdr                  = usnic_test::data_hdr(
+                UCT_USNIC_PKT_AM,
+                UCT_USNIC_PKT_FLAG_FIRST | UCT_USNIC_PKT_FLAG_OPEN, AM_ID,
+                receiver->incarnation, UCT_USNIC_STREAM_ID_NONE, 1000,
+                ucs::rand());
         dgram.open.src_incarnation = ucs::rand();
         dgram.open.src_ep_id       = i;
         dgram.open.src_ep_serial   = i;

@@ -44,6 +44,24 @@ random_iov(uint8_t *buffer, size_t length, size_t max_iov)
     return iov;
 }
 
+/* The header of a data packet, as a sender makes it */
+static inline uct_usnic_hdr_t
+data_hdr(uint8_t type, uint8_t flags, uint8_t am_id, uint32_t incarnation,
+         uint32_t stream_id, uct_usnic_psn_t psn, uint64_t token)
+{
+    uct_usnic_hdr_t hdr;
+
+    hdr.version     = UCT_USNIC_PROTO_VERSION;
+    hdr.type        = type;
+    hdr.flags       = flags;
+    hdr.am_id       = am_id;
+    hdr.incarnation = incarnation;
+    hdr.stream_id   = stream_id;
+    hdr.psn         = psn;
+    hdr.token       = token;
+    return hdr;
+}
+
 /* A standalone ACK as it travels */
 struct ack_datagram {
     uct_usnic_hdr_t      hdr;
