@@ -202,7 +202,8 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
 
     {"STREAM_MAX_OOO", "1024",
      "How far ahead of the next expected packet a stream keeps packets that\n"
-     "arrive out of order; rounded up to a power of two, at most WINDOW.",
+     "arrive out of order; rounded up to a power of two, and at most WINDOW\n"
+     "(a larger value counts as WINDOW).",
      ucs_offsetof(uct_usnic_iface_config_t, stream_max_ooo),
      UCS_CONFIG_TYPE_UINT},
 
@@ -334,7 +335,7 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
         {UCT_USNIC_CONFIG_VAR("MAX_OOO"), config->max_ooo, 0, 1 << 20,
          "packets kept out of order per iface"},
         {UCT_USNIC_CONFIG_VAR("STREAM_MAX_OOO"), config->stream_max_ooo, 1,
-         config->window, "at most WINDOW"},
+         32768, "packets ahead of a stream's next"},
         {UCT_USNIC_CONFIG_VAR("MAX_REASSEMBLY"), config->max_reassembly, 1,
          1 << 20, "messages reassembled at once per iface"}
     };
@@ -1068,8 +1069,8 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
     iface->config.timeout           = ucs_time_from_sec(config->timeout);
     iface->config.max_streams       = config->max_streams;
     iface->config.max_ooo           = config->max_ooo;
-    iface->config.ooo_ring_size     = ucs_roundup_pow2(
-            (unsigned)config->stream_max_ooo);
+    iface->config.ooo_ring_size     = ucs_min(ucs_roundup_pow2(
+            (unsigned)config->stream_max_ooo), config->window);
     iface->config.max_reassembly    = config->max_reassembly;
     /* Its sender would have resent within RTO_MAX */
     iface->config.stream_idle       = ucs_time_from_sec(
