@@ -1185,6 +1185,7 @@ static void uct_usnic_iface_cleanup_tables(uct_usnic_iface_t *iface)
     ucs_arbiter_cleanup(&iface->arbiter);
     kh_destroy_inplace(uct_usnic_reply_eps, &iface->reply_eps);
     kh_destroy_inplace(uct_usnic_peers, &iface->peers);
+    kh_destroy_inplace(uct_usnic_senders, &iface->senders);
     ucs_ptr_array_cleanup(&iface->gets, 1);
     kh_destroy_inplace(uct_usnic_streams, &iface->stream_hash);
     ucs_ptr_array_cleanup(&iface->streams, 1);
@@ -1316,6 +1317,7 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     kh_init_inplace(uct_usnic_reply_eps, &self->reply_eps);
     kh_init_inplace(uct_usnic_streams, &self->stream_hash);
     kh_init_inplace(uct_usnic_peers, &self->peers);
+    kh_init_inplace(uct_usnic_senders, &self->senders);
     ucs_arbiter_init(&self->arbiter);
     ucs_list_head_init(&self->active_eps);
     ucs_list_head_init(&self->failed_eps);

@@ -91,6 +91,17 @@ typedef struct uct_usnic_peer {
 KHASH_INIT(uct_usnic_peers, uint32_t, uct_usnic_peer_t, 1, uct_usnic_hash64,
            uct_usnic_hash64_equal)
 
+/* Where streams come from (IPv4 address and data port): the newest
+ * incarnation seen there, and how many streams come from there. A stream
+ * of an older incarnation is of a process that is gone. */
+typedef struct uct_usnic_sender {
+    uint32_t incarnation;
+    unsigned num_streams;
+} uct_usnic_sender_t;
+
+KHASH_INIT(uct_usnic_senders, uint64_t, uct_usnic_sender_t, 1,
+           uct_usnic_hash64, uct_usnic_hash64_equal)
+
 /* Peer iface incarnation -> the ep that replies to its reads */
 KHASH_INIT(uct_usnic_reply_eps, uint32_t, struct uct_usnic_ep*, 1,
            uct_usnic_hash64, uct_usnic_hash64_equal)
@@ -175,6 +186,7 @@ typedef struct uct_usnic_iface {
     unsigned                rx_reassembling; /* Messages being reassembled */
     ucs_time_t              next_reclaim_check;
     khash_t(uct_usnic_peers) peers;        /* peer incarnation -> peer */
+    khash_t(uct_usnic_senders) senders;    /* stream source -> sender */
     ucs_arbiter_t           arbiter;       /* eps with pending requests */
     ucs_list_link_t         active_eps;    /* eps with unacked packets */
     ucs_list_link_t         failed_eps;    /* eps whose failure is still to

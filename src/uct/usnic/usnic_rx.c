@@ -78,6 +78,58 @@ static void uct_usnic_rx_reassembly_end(uct_usnic_iface_t *iface,
     }
 }
 
+static UCS_F_ALWAYS_INLINE uint64_t
+uct_usnic_rx_sender_key(const uct_usnic_rx_stream_t *stream)
+{
+    return ((uint64_t)stream->src_in_addr << 16) | stream->src_port;
+}
+
+/* Count the stream at its source; the newest incarnation seen there wins */
+static ucs_status_t uct_usnic_rx_sender_link(uct_usnic_iface_t *iface,
+                                             uct_usnic_rx_stream_t *stream)
+{
+    uct_usnic_sender_t *sender;
+    khiter_t iter;
+    int ret;
+
+    iter = kh_put(uct_usnic_senders, &iface->senders,
+                  uct_usnic_rx_sender_key(stream), &ret);
+    if (ret < 0) {
+        return UCS_ERR_NO_MEMORY;
+    }
+
+    sender = &kh_value(&iface->senders, iter);
+    if (ret != 0) {
+        sender->num_streams = 0;
+    }
+    sender->incarnation = uct_usnic_rx_stream_peer(stream);
+    ++sender->num_streams;
+    return UCS_OK;
+}
+
+static void uct_usnic_rx_sender_unlink(uct_usnic_iface_t *iface,
+                                       const uct_usnic_rx_stream_t *stream)
+{
+    khiter_t iter = kh_get(uct_usnic_senders, &iface->senders,
+                           uct_usnic_rx_sender_key(stream));
+
+    if (--kh_value(&iface->senders, iter).num_streams == 0) {
+        kh_del(uct_usnic_senders, &iface->senders, iter);
+    }
+}
+
+/* Whether a process with a new incarnation has since sent from the
+ * stream's address and port: the stream's sender is gone */
+static int uct_usnic_rx_stream_superseded(uct_usnic_iface_t *iface,
+                                          const uct_usnic_rx_stream_t *stream)
+{
+    khiter_t iter = kh_get(uct_usnic_senders, &iface->senders,
+                           uct_usnic_rx_sender_key(stream));
+
+    return kh_value(&iface->senders, iter).incarnation !=
+           uct_usnic_rx_stream_peer(stream);
+}
+
 static void uct_usnic_rx_stream_reclaim(uct_usnic_iface_t *iface,
                                         uct_usnic_rx_stream_t *stream,
                                         const char *why)
@@ -99,22 +151,28 @@ uct_usnic_rx_stream_oldest(uct_usnic_iface_t *iface)
 
 void uct_usnic_rx_reclaim_streams(uct_usnic_iface_t *iface, ucs_time_t now)
 {
-    uct_usnic_rx_stream_t *stream;
+    uct_usnic_rx_stream_t *stream, *tmp;
+    ucs_time_t idle;
 
     if (now < iface->next_reclaim_check) {
         return;
     }
 
+    /* Oldest first: those quiet for less than STREAM_IDLE come last */
     iface->next_reclaim_check = now + (iface->config.stream_idle / 4);
-    while (!ucs_list_is_empty(&iface->streams_lru)) {
-        stream = uct_usnic_rx_stream_oldest(iface);
-        if (uct_usnic_elapsed(now, stream->last_time) <
-            iface->config.timeout) {
+    ucs_list_for_each_safe(stream, tmp, &iface->streams_lru, lru_list) {
+        idle = uct_usnic_elapsed(now, stream->last_time);
+        if (idle < iface->config.stream_idle) {
             break;
+        } else if (idle >= iface->config.timeout) {
+            uct_usnic_rx_stream_reclaim(iface, stream,
+                                        "its sender was silent for the "
+                                        "timeout");
+        } else if (uct_usnic_rx_stream_superseded(iface, stream)) {
+            uct_usnic_rx_stream_reclaim(iface, stream,
+                                        "its sender's address has a new "
+                                        "incarnation");
         }
-
-        uct_usnic_rx_stream_reclaim(iface, stream,
-                                    "its sender was silent for the timeout");
     }
 }
 
@@ -168,19 +226,14 @@ uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
                                        open->src_prio_port,
                                        &stream->ack_fi_addr);
     if (status != UCS_OK) {
-        ucs_free(stream);
-        return NULL;
+        goto err_free;
     }
 
     iter = kh_put(uct_usnic_streams, &iface->stream_hash, key, &ret);
     if (ret < 0) {
-        uct_usnic_iface_av_remove(iface, open->src_in_addr,
-                                  open->src_prio_port);
-        ucs_free(stream);
-        return NULL;
+        goto err_av_remove;
     }
 
-    stream->id           = ucs_ptr_array_insert(&iface->streams, stream);
     stream->open_seq     = iface->streams_opened++;
     stream->key          = key;
     stream->token        = hdr->token;
@@ -191,6 +244,11 @@ uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
     stream->src_open_key = open->src_open_key;
     stream->expected_psn = open->first_psn;
     stream->last_time    = now;
+    if (uct_usnic_rx_sender_link(iface, stream) != UCS_OK) {
+        goto err_hash_del;
+    }
+
+    stream->id = ucs_ptr_array_insert(&iface->streams, stream);
     ucs_list_head_init(&stream->ack_list);
     ucs_list_add_tail(&iface->streams_lru, &stream->lru_list);
     ++iface->num_streams;
@@ -201,6 +259,14 @@ uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
     ucs_debug("iface %p: new rx stream %u from ep %u of iface 0x%x", iface,
               stream->id, open->src_ep_id, open->src_incarnation);
     return stream;
+
+err_hash_del:
+    kh_del(uct_usnic_streams, &iface->stream_hash, iter);
+err_av_remove:
+    uct_usnic_iface_av_remove(iface, open->src_in_addr, open->src_prio_port);
+err_free:
+    ucs_free(stream);
+    return NULL;
 }
 
 void uct_usnic_rx_stream_destroy(uct_usnic_iface_t *iface,
@@ -223,6 +289,7 @@ void uct_usnic_rx_stream_destroy(uct_usnic_iface_t *iface,
                                 stream);
     uct_usnic_iface_av_remove(iface, stream->src_in_addr,
                               stream->src_prio_port);
+    uct_usnic_rx_sender_unlink(iface, stream);
     ucs_list_del(&stream->ack_list);
     ucs_list_del(&stream->lru_list);
     --iface->num_streams;

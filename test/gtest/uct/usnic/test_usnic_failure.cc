@@ -410,35 +410,12 @@ protected:
         set_handler(m_stable, &m_stable_rx);
 
         /* Only the restarting peer has fixed ports */
-        unsigned port = free_port_pair();
+        unsigned port = usnic_test::free_port_pair();
         std::string range = ucs::to_string(port) + "-" +
                             ucs::to_string(port + 1);
         modify_config("PORT_RANGE", range, IGNORE_IF_NOT_EXIST);
         modify_config("USNIC_PORT_RANGE", range, IGNORE_IF_NOT_EXIST);
         m_peer = start_peer();
-    }
-
-    static bool port_is_free(unsigned port)
-    {
-        struct sockaddr_in addr = {};
-        int fd                  = socket(AF_INET, SOCK_DGRAM, 0);
-        bool is_free;
-
-        addr.sin_family = AF_INET;
-        addr.sin_port   = htons(port);
-        is_free         = (bind(fd, (struct sockaddr*)&addr, sizeof(addr)) == 0);
-        close(fd);
-        return is_free;
-    }
-
-    static unsigned free_port_pair()
-    {
-        unsigned port = 20000 + ucs::rand() % 40000;
-
-        while (!port_is_free(port) || !port_is_free(port + 1)) {
-            port += 2;
-        }
-        return port;
     }
 
     void set_handler(entity *e, std::vector<uint64_t> *log)

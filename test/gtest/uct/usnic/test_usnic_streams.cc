@@ -211,6 +211,38 @@ UCS_TEST_P(test_usnic_streams, silent_sender_reclaimed) {
     check_received();
 }
 
+/* A sender restarted on the same ports (a new incarnation): its old
+ * stream is reclaimed once quiet for STREAM_IDLE, before the timeout */
+UCS_TEST_P(test_usnic_streams, new_incarnation_supersedes) {
+    uct_usnic_iface_t *receiver = usnic_iface(m_receiver);
+    unsigned port               = usnic_test::free_port_pair();
+    std::string range           = ucs::to_string(port) + "-" +
+                                  ucs::to_string(port + 1);
+    ucs_time_t start;
+
+    set_usnic_config("PORT_RANGE", range);
+    m_sender = create_entity(0);
+    m_entities.push_back(m_sender);
+    m_sender->connect(0, *m_receiver, 0);
+    ASSERT_TRUE(post(0));
+    ASSERT_TRUE(progress_until([&]() { return delivered(0); }));
+    flush();
+    m_entities.remove(m_sender);
+
+    m_sender = create_entity(0);
+    m_entities.push_back(m_sender);
+    m_sender->connect(1, *m_receiver, 0);
+    ASSERT_TRUE(post(1));
+    ASSERT_TRUE(progress_until([&]() { return delivered(1); }));
+    ASSERT_EQ(2u, receiver->num_streams);
+
+    start = ucs_get_time();
+    ASSERT_TRUE(progress_until([&]() { return receiver->num_streams == 1; }));
+    EXPECT_LT(ucs_time_to_sec(ucs_get_time() - start), 0.9);
+    EXPECT_EQ(1u, receiver->stats.rx_streams_reclaimed);
+    check_received();
+}
+
 /* Two streams, each sending messages of several datagrams through 10%
  * drop (so that a message waits for a datagram while the other stream's
  * next one starts), while the receiver reassembles one message at a time

@@ -16,7 +16,9 @@ extern "C" {
 #include <uct/usnic/usnic_proto.h>
 }
 
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <vector>
 
 
@@ -42,6 +44,30 @@ random_iov(uint8_t *buffer, size_t length, size_t max_iov)
     }
 
     return iov;
+}
+
+static inline bool port_is_free(unsigned port)
+{
+    struct sockaddr_in addr = {};
+    int fd                  = socket(AF_INET, SOCK_DGRAM, 0);
+    bool is_free;
+
+    addr.sin_family = AF_INET;
+    addr.sin_port   = htons(port);
+    is_free         = (bind(fd, (struct sockaddr*)&addr, sizeof(addr)) == 0);
+    close(fd);
+    return is_free;
+}
+
+/* Two consecutive UDP ports nobody has bound, for UCX_USNIC_PORT_RANGE */
+static inline unsigned free_port_pair()
+{
+    unsigned port = 20000 + ucs::rand() % 40000;
+
+    while (!port_is_free(port) || !port_is_free(port + 1)) {
+        port += 2;
+    }
+    return port;
 }
 
 /* The header of a data packet, as a sender makes it */
