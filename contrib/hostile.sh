@@ -89,8 +89,8 @@ run() {
     shift 3
     env+=("$@")
 
-    "${usnic_pair_server_pfx[@]}" timeout 300 "${env[@]}" "${check}" \
-        -p "${port}" -l "${server_addr}" -n "${iterations}" -t 120 \
+    "${usnic_pair_server_pfx[@]}" timeout 400 "${env[@]}" "${check}" \
+        -p "${port}" -l "${server_addr}" -n "${iterations}" -t 300 \
         >"${log}.server" 2>&1 &
     usnic_pair_server_pid=$!
     watch_rss "${usnic_pair_server_pid}" "${log}.rss" &
@@ -113,8 +113,8 @@ run() {
     fi
 
     [ "${rc}" -ne 0 ] ||
-        "${usnic_pair_client_pfx[@]}" timeout 300 "${env[@]}" "${check}" \
-            -p "${port}" -n "${iterations}" -t 120 "${server_addr}" \
+        "${usnic_pair_client_pfx[@]}" timeout 400 "${env[@]}" "${check}" \
+            -p "${port}" -n "${iterations}" -t 300 "${server_addr}" \
             >"${log}.client" 2>&1 || rc=$?
     wait "${usnic_pair_server_pid}" || src=$?
     [ "${rc}" -ne 0 ] || rc=${src}

@@ -635,7 +635,7 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
         ++count;
     }
 
-    if (!ucs_list_is_empty(&iface->streams_lru)) {
+    if (iface->num_streams > 0) {
         uct_usnic_rx_reclaim_streams(iface, ucs_get_time());
     }
 
@@ -1322,7 +1322,8 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     ucs_list_head_init(&self->active_eps);
     ucs_list_head_init(&self->failed_eps);
     ucs_list_head_init(&self->ack_streams);
-    ucs_list_head_init(&self->streams_lru);
+    ucs_list_head_init(&self->streams_lru[0]);
+    ucs_list_head_init(&self->streams_lru[1]);
     ucs_list_head_init(&self->bundle_eps);
     ucs_list_head_init(&self->held_eps);
 

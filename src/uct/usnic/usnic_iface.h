@@ -181,7 +181,9 @@ typedef struct uct_usnic_iface {
     khash_t(uct_usnic_streams) stream_hash; /* sender key -> stream id */
     uint64_t                streams_opened; /* Ever, on this iface */
     unsigned                num_streams;
-    ucs_list_link_t         streams_lru;   /* Least recently active first */
+    ucs_list_link_t         streams_lru[2]; /* Least recently active first:
+                                               [0] streams yet to deliver a
+                                               message, [1] the others */
     unsigned                rx_ooo_count;  /* Packets parked, all streams */
     unsigned                rx_reassembling; /* Messages being reassembled */
     ucs_time_t              next_reclaim_check;

@@ -141,18 +141,11 @@ static void uct_usnic_rx_stream_reclaim(uct_usnic_iface_t *iface,
     uct_usnic_rx_stream_destroy(iface, stream);
 }
 
-/* The stream quiet the longest */
-static UCS_F_ALWAYS_INLINE uct_usnic_rx_stream_t *
-uct_usnic_rx_stream_oldest(uct_usnic_iface_t *iface)
-{
-    return ucs_list_head(&iface->streams_lru, uct_usnic_rx_stream_t,
-                         lru_list);
-}
-
 void uct_usnic_rx_reclaim_streams(uct_usnic_iface_t *iface, ucs_time_t now)
 {
     uct_usnic_rx_stream_t *stream, *tmp;
     ucs_time_t idle;
+    int proven;
 
     if (now < iface->next_reclaim_check) {
         return;
@@ -160,38 +153,48 @@ void uct_usnic_rx_reclaim_streams(uct_usnic_iface_t *iface, ucs_time_t now)
 
     /* Oldest first: those quiet for less than STREAM_IDLE come last */
     iface->next_reclaim_check = now + (iface->config.stream_idle / 4);
-    ucs_list_for_each_safe(stream, tmp, &iface->streams_lru, lru_list) {
-        idle = uct_usnic_elapsed(now, stream->last_time);
-        if (idle < iface->config.stream_idle) {
-            break;
-        } else if (idle >= iface->config.timeout) {
-            uct_usnic_rx_stream_reclaim(iface, stream,
-                                        "its sender was silent for the "
-                                        "timeout");
-        } else if (uct_usnic_rx_stream_superseded(iface, stream)) {
-            uct_usnic_rx_stream_reclaim(iface, stream,
-                                        "its sender's address has a new "
-                                        "incarnation");
+    for (proven = 0; proven < 2; ++proven) {
+        ucs_list_for_each_safe(stream, tmp, &iface->streams_lru[proven],
+                               lru_list) {
+            idle = uct_usnic_elapsed(now, stream->last_time);
+            if (idle < iface->config.stream_idle) {
+                break;
+            } else if (idle >= iface->config.timeout) {
+                uct_usnic_rx_stream_reclaim(iface, stream,
+                                            "its sender was silent for the "
+                                            "timeout");
+            } else if (uct_usnic_rx_stream_superseded(iface, stream)) {
+                uct_usnic_rx_stream_reclaim(iface, stream,
+                                            "its sender's address has a "
+                                            "new incarnation");
+            }
         }
     }
 }
 
 /*
- * Room for one more stream: at MAX_STREAMS, the one quiet the longest gives
- * way if it has been quiet for STREAM_IDLE. Its sender then has every ACK
- * (it would have resent otherwise), and opens the stream again when it next
- * sends. A flood of new streams cannot push out the ones in use.
+ * Room for one more stream: at MAX_STREAMS, the quietest stream gives way
+ * if quiet for STREAM_IDLE. Its sender then has every ACK (it would have
+ * resent otherwise), and opens the stream again when it next sends. While
+ * there are streams that have not delivered a message yet, which is all a
+ * flood of new streams brings, only those give way: the flood cannot push
+ * out the streams in use, even quiet ones.
  */
 static int uct_usnic_rx_stream_make_room(uct_usnic_iface_t *iface,
                                          ucs_time_t now)
 {
+    ucs_list_link_t *lru = &iface->streams_lru[0];
     uct_usnic_rx_stream_t *oldest;
 
     if (iface->num_streams < iface->config.max_streams) {
         return 1;
     }
 
-    oldest = uct_usnic_rx_stream_oldest(iface);
+    if (ucs_list_is_empty(lru)) {
+        lru = &iface->streams_lru[1];
+    }
+
+    oldest = ucs_list_head(lru, uct_usnic_rx_stream_t, lru_list);
     if (uct_usnic_elapsed(now, oldest->last_time) <
         iface->config.stream_idle) {
         return 0;
@@ -250,7 +253,7 @@ uct_usnic_rx_stream_create(uct_usnic_iface_t *iface,
 
     stream->id = ucs_ptr_array_insert(&iface->streams, stream);
     ucs_list_head_init(&stream->ack_list);
-    ucs_list_add_tail(&iface->streams_lru, &stream->lru_list);
+    ucs_list_add_tail(&iface->streams_lru[0], &stream->lru_list);
     ++iface->num_streams;
     kh_value(&iface->stream_hash, iter) = stream->id;
 
@@ -693,8 +696,11 @@ uct_usnic_rx_in_order(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
     }
 
     stream->closed_reply = 0;
-    if (hdr->flags & UCT_USNIC_PKT_FLAG_LAST) {
+    if (ucs_unlikely(!stream->proven) &&
+        (hdr->flags & UCT_USNIC_PKT_FLAG_LAST)) {
         stream->proven = 1;
+        ucs_list_del(&stream->lru_list);
+        ucs_list_add_tail(&iface->streams_lru[1], &stream->lru_list);
     }
 
     switch (hdr->type) {
@@ -855,9 +861,10 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
 
     /* The most recently active stream goes last in line for reclaiming */
     stream->last_time = now;
-    if (stream->lru_list.next != &iface->streams_lru) {
+    if (stream->lru_list.next != &iface->streams_lru[stream->proven]) {
         ucs_list_del(&stream->lru_list);
-        ucs_list_add_tail(&iface->streams_lru, &stream->lru_list);
+        ucs_list_add_tail(&iface->streams_lru[stream->proven],
+                          &stream->lru_list);
     }
 
     /* Even a duplicate may carry news for the reverse direction */

@@ -38,7 +38,7 @@ typedef struct uct_usnic_rx_stream {
     uint16_t             src_port;        /* port, network order, for logs */
     uint16_t             src_prio_port;   /* Where our ACKs go */
     uint32_t             src_open_key;    /* For read replies back to it */
-    ucs_list_link_t      lru_list;        /* In iface->streams_lru */
+    ucs_list_link_t      lru_list;        /* In iface->streams_lru[proven] */
     ucs_time_t           last_time;       /* Of its last packet */
     uct_usnic_psn_t      expected_psn;    /* Next PSN to deliver */
     unsigned             unacked;         /* Delivered since the last ACK */

@@ -191,6 +191,32 @@ UCS_TEST_P(test_usnic_streams, busy_streams_stay_quiet_ones_give_way) {
     check_received();
 }
 
+/* At MAX_STREAMS, a stream that delivered nothing yet (here: a probe only)
+ * gives way to a new one before an older stream that delivered messages */
+UCS_TEST_P(test_usnic_streams, quiet_new_stream_gives_way) {
+    uct_usnic_iface_t *receiver = usnic_iface(m_receiver);
+
+    uct_usnic_iface_t *sender   = usnic_iface(m_sender);
+
+    ASSERT_TRUE(post(0));
+    ASSERT_TRUE(progress_until([&]() { return delivered(0); }));
+    ASSERT_UCS_OK(uct_ep_check(m_sender->ep(1), 0, NULL));
+    ASSERT_TRUE(progress_until([&]() {
+        return (receiver->num_streams == 2) && (sender->tx_outstanding == 0);
+    }));
+
+    ASSERT_TRUE(post(2));
+    ASSERT_TRUE(progress_until([&]() { return delivered(2); }));
+    EXPECT_EQ(1u, receiver->stats.rx_streams_reclaimed);
+
+    /* The stream of ep 0 stayed: its next message needs no reopening */
+    ASSERT_TRUE(post(0));
+    ASSERT_TRUE(progress_until([&]() { return delivered(0); }));
+    EXPECT_EQ(0u, sender->stats.tx_reopens);
+    flush();
+    check_received();
+}
+
 UCS_TEST_P(test_usnic_streams, silent_sender_reclaimed) {
     uct_usnic_iface_t *receiver = usnic_iface(m_receiver);
 
