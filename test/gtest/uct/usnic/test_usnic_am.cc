@@ -1059,10 +1059,13 @@ UCS_TEST_P(test_usnic_faults, tail_loss_probe) {
  * cumulative ACKs stop short of it, it is resent all the same.
  */
 UCS_TEST_P(test_usnic_faults, sack_is_advice) {
+    /* No timeout between the two sends, even on a loaded machine: it would
+     * shrink the congestion window below the second message */
     entity *sender = start({{"FAULT_DROP", "1"},
                             {"FAULT_CHANNELS", "data"},
                             {"BUNDLE_DELAY", "0"},
-                            {"TIMEOUT", "3s"}});
+                            {"RTO_MIN", "200ms"},
+                            {"TIMEOUT", "5s"}});
     uct_usnic_iface_t *iface = usnic_iface(sender);
     uct_usnic_ep_t *ep       = ucs_derived_of(sender->ep(0), uct_usnic_ep_t);
     uct_usnic_fault_t *fault = iface->channels[UCT_USNIC_CHANNEL_DATA].fault;
