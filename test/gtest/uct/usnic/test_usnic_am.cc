@@ -410,6 +410,10 @@ UCS_TEST_P(test_usnic_am, lone_message_not_held) {
  * where the provider sends a burst with one (kernel): held back, they still
  * arrive intact, exactly once and in order */
 UCS_TEST_P(test_usnic_am, stream_bcopy_held) {
+    /* Back to back even where a post takes longer than the default 10 us
+     * (a sanitizer build on a busy machine) */
+    modify_config("BUNDLE_DELAY", "500us", IGNORE_IF_NOT_EXIST);
+    modify_config("USNIC_BUNDLE_DELAY", "500us", IGNORE_IF_NOT_EXIST);
     entity *sender            = add_sender();
     const uct_usnic_iface_t *iface =
             ucs_derived_of(sender->iface(), uct_usnic_iface_t);
