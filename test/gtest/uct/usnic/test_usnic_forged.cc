@@ -348,7 +348,7 @@ protected:
 
         uct_test::init();
         m_key_file = write_key(0x5a);
-        modify_config("AUTH_KEY", m_key_file);
+        set_key(m_key_file);
         test_usnic_forged::init();
     }
 
@@ -356,6 +356,14 @@ protected:
     {
         test_usnic_forged::cleanup();
         unlink(m_key_file.c_str());
+    }
+
+    /* UCX 1.13 and 1.22 name the variables differently (see
+     * test_usnic_pending) */
+    void set_key(const std::string &path)
+    {
+        modify_config("AUTH_KEY", path, IGNORE_IF_NOT_EXIST);
+        modify_config("USNIC_AUTH_KEY", path, IGNORE_IF_NOT_EXIST);
     }
 
     /* A key file of 32 bytes from seed, readable only by its owner */
@@ -475,7 +483,7 @@ UCS_TEST_P(test_usnic_auth, different_keys_never_deliver) {
     std::string other = write_key(0xa5);
     entity *stranger;
 
-    modify_config("AUTH_KEY", other);
+    set_key(other);
     stranger = create_entity(0);
     m_entities.push_back(stranger);
     unlink(other.c_str());
