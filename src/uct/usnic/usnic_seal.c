@@ -45,6 +45,8 @@ const char *uct_usnic_seal_name(uct_usnic_seal_type_t type)
     }
 }
 
+#if HAVE_USNIC_SODIUM
+
 static ucs_status_t uct_usnic_seal_key_read(const char *var, const char *path,
                                             uint8_t *buf, size_t *length_p)
 {
@@ -97,8 +99,6 @@ out:
     close(fd);
     return status;
 }
-
-#if HAVE_USNIC_SODIUM
 
 ucs_status_t uct_usnic_seal_key_load(const char *var, const char *path,
                                      uct_usnic_seal_key_t *key)
