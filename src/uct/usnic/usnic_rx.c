@@ -24,10 +24,11 @@ static UCS_F_ALWAYS_INLINE uint64_t uct_usnic_rx_stream_key(uint32_t incarnation
 }
 
 static void uct_usnic_rx_schedule_ack(uct_usnic_iface_t *iface,
-                                      uct_usnic_rx_stream_t *stream)
+                                      uct_usnic_rx_stream_t *stream,
+                                      ucs_time_t now)
 {
     if (ucs_list_is_empty(&stream->ack_list)) {
-        stream->unacked_since = ucs_get_time();
+        stream->unacked_since = now;
         ucs_list_add_tail(&iface->ack_streams, &stream->ack_list);
     }
 }
@@ -879,7 +880,7 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
                    stream->id, psn, stream->expected_psn, body_len,
                    hdr->flags);
 
-    uct_usnic_rx_schedule_ack(iface, stream);
+    uct_usnic_rx_schedule_ack(iface, stream, now);
     if (hdr->flags & UCT_USNIC_PKT_FLAG_ACK_REQ) {
         stream->ack_now = 1;
     }
