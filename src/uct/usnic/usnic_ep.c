@@ -330,14 +330,20 @@ static void uct_usnic_ep_post_msg(uct_usnic_ep_t *ep,
                                                   &iov_iter);
             desc->zcopy.iovcnt = iovcnt;
             desc->zcopy.comp   = NULL;
-            if ((flags & UCT_USNIC_PKT_FLAG_LAST) && (msg->comp != NULL)) {
-                /* The user may be waiting for its memory: no delayed ACK */
+            if (flags & UCT_USNIC_PKT_FLAG_LAST) {
+                /* The user's memory is lent until this ACK, with or without
+                 * a completion (a flush tells then): no delayed ACK, and a
+                 * user who frees the memory once the peer has the message
+                 * finds the ACK there before any resend timer fires */
                 desc->zcopy.comp = msg->comp;
                 flags           |= UCT_USNIC_PKT_FLAG_ACK_REQ;
-                ++iface->tx_comps;
+                ++iface->tx_awaited;
             }
             uct_usnic_tx_queue_zcopy(ep, desc, type, msg->am_id, flags,
                                      ext_len + hdr_len);
+            if (flags & UCT_USNIC_PKT_FLAG_LAST) {
+                desc->flags |= UCT_USNIC_TX_DESC_FLAG_AWAITED;
+            }
         }
 
         if (first == NULL) {
@@ -654,7 +660,7 @@ ucs_status_t uct_usnic_ep_flush(uct_ep_h tl_ep, unsigned flags,
             return UCS_ERR_NO_RESOURCE;
         }
         ++iface->tx_outstanding;
-        ++iface->tx_comps;
+        ++iface->tx_awaited;
 
         req->psn  = ep->next_psn - 1;
         req->comp = comp;

@@ -18,9 +18,12 @@ enum {
     UCT_USNIC_TX_DESC_FLAG_SACKED  = UCS_BIT(0), /* Peer has it, out of order */
     UCT_USNIC_TX_DESC_FLAG_UNSENT  = UCS_BIT(1), /* Send queue was full */
     UCT_USNIC_TX_DESC_FLAG_PROBED  = UCS_BIT(2), /* Resent as a tail probe */
-    UCT_USNIC_TX_DESC_FLAG_READ    = UCS_BIT(3)  /* Its user memory is a
+    UCT_USNIC_TX_DESC_FLAG_READ    = UCS_BIT(3), /* Its user memory is a
                                                     peer's read: checked
                                                     again before a resend */
+    UCT_USNIC_TX_DESC_FLAG_AWAITED = UCS_BIT(4)  /* Last of a zcopy message:
+                                                    its ACK frees user
+                                                    memory */
 };
 
 

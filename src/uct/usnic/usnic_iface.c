@@ -611,7 +611,7 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
      * speed unless the user has been sending since the last call. */
     count  = uct_usnic_channel_poll(&iface->channels[UCT_USNIC_CHANNEL_PRIO],
                                     iface->config.max_poll,
-                                    (iface->tx_comps == 0) &&
+                                    (iface->tx_awaited == 0) &&
                                     !uct_usnic_iface_timers_due(iface));
     count += uct_usnic_channel_poll(&iface->channels[UCT_USNIC_CHANNEL_DATA],
                                     iface->config.max_poll,
@@ -1303,7 +1303,7 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     self->sent_since_progress = 0;
     self->next_ep_serial   = 1;
     self->next_timer_check = 0;
-    self->tx_comps         = 0;
+    self->tx_awaited       = 0;
     ucs_ptr_array_init(&self->eps, "usnic_eps");
     ucs_ptr_array_init(&self->streams, "usnic_streams");
     ucs_ptr_array_init(&self->gets, "usnic_gets");

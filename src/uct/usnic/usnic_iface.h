@@ -197,8 +197,8 @@ typedef struct uct_usnic_iface {
     ucs_list_link_t         bundle_eps;    /* eps collecting a bundle */
     ucs_list_link_t         held_eps;      /* eps holding messages back */
     unsigned                tx_outstanding; /* Unacked packets, all eps */
-    unsigned                tx_comps;      /* User completions waiting for
-                                              ACKs: zcopy sends, flushes */
+    unsigned                tx_awaited;    /* ACKs the user waits for: of
+                                              zcopy sends, of flushes */
     int                     in_pending;    /* Dispatching pending requests */
     int                     sent_since_progress;
     ucs_time_t              next_timer_check;

@@ -333,16 +333,19 @@ static void uct_usnic_tx_desc_release(uct_usnic_iface_t *iface,
                                       ucs_status_t status)
 {
     uct_completion_t *comp = desc->zcopy.comp;
+    uint8_t flags          = desc->flags;
 
-    if (desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT) {
+    if (flags & UCT_USNIC_TX_DESC_FLAG_UNSENT) {
         --ep->unsent;
     }
     --iface->tx_outstanding;
     ucs_mpool_put_inline(desc);
     --ep->tx_count;
     uct_usnic_ep_deactivate(ep);
+    if (flags & UCT_USNIC_TX_DESC_FLAG_AWAITED) {
+        --iface->tx_awaited;
+    }
     if (comp != NULL) {
-        --iface->tx_comps;
         uct_invoke_completion(comp, status);
     }
 }
@@ -367,7 +370,7 @@ void uct_usnic_tx_flush_complete(uct_usnic_ep_t *ep, int all,
         uct_invoke_completion(req->comp, status);
         ucs_mpool_put_inline(req);
         --iface->tx_outstanding;
-        --iface->tx_comps;
+        --iface->tx_awaited;
     }
 }
 

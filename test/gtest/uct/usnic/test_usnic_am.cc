@@ -13,6 +13,8 @@ extern "C" {
 #include <uct/usnic/usnic_rx.h>
 }
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <functional>
 #include <list>
@@ -364,6 +366,54 @@ UCS_TEST_P(test_usnic_am, stream_short) {
     }
     wait_all_received();
     EXPECT_EQ(0u, receiver_iface()->stats.rx_drop[UCT_USNIC_RX_DROP_INVALID]);
+}
+
+/* UCX's generic tests free zcopy memory once the peer has the message,
+ * without waiting for a completion they did not ask for: the receiver
+ * acknowledges such a message at once, without its async thread, so the
+ * sender takes the ACK before any timer would send the memory again */
+UCS_TEST_P(test_usnic_am, zcopy_memory_freed_once_delivered) {
+    entity *sender                 = add_sender();
+    const uct_usnic_iface_t *iface =
+            ucs_derived_of(sender->iface(), uct_usnic_iface_t);
+    uct_usnic_ep_t *ep = ucs_derived_of(sender->ep(0), uct_usnic_ep_t);
+    size_t length      = 2 * iface->config.max_payload;
+    void *buffer       = mmap(NULL, length, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uct_iov_t iov      = {buffer, length, UCT_MEM_HANDLE_NULL, 0, 1};
+    ucs_status_t status;
+
+    ASSERT_NE(MAP_FAILED, buffer);
+    /* Past the stream's opening, which is acknowledged at once anyway */
+    send(sender, 0, sizeof(message), false);
+    wait_all_received();
+
+    message msg      = {0, m_next_seq[0], (uint32_t)length};
+    uint64_t timeouts = iface->stats.tx_timeouts;
+    fill(buffer, msg, length);
+    status = uct_ep_am_zcopy(sender->ep(0), AM_ID, NULL, 0, &iov, 1, 0,
+                             NULL);
+    ASSERT_UCS_OK_OR_INPROGRESS(status);
+    ++m_next_seq[0];
+    ++m_sent;
+
+    /* Only the receiver's progress call may send the ACK */
+    UCS_ASYNC_BLOCK(&m_receiver->async());
+    while (m_received < m_sent) {
+        m_receiver->progress();
+    }
+    ASSERT_EQ(0, munmap(buffer, length));
+
+    /* A resend would read unmapped memory */
+    usleep(ucs_time_to_usec(4 * ep->rto));
+    ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(10);
+    while ((iface->tx_outstanding > 0) && (ucs_get_time() < deadline)) {
+        sender->progress();
+    }
+    UCS_ASYNC_UNBLOCK(&m_receiver->async());
+    EXPECT_EQ(0u, iface->tx_outstanding);
+    EXPECT_EQ(timeouts, iface->stats.tx_timeouts);
+    wait_all_received();
 }
 
 /* Short messages posted faster than ACKs come back share datagrams */
