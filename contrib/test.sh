@@ -10,6 +10,9 @@
 #      with libsodium), and over libfabric's udp;
 #   2. UCX's generic UCT gtests instantiated for usnic (usnic/*), over
 #      both providers too;
+#   1-2 again over libfabric's udp provider with the usnic provider's
+#      demands forced on it (UCX_USNIC_FORCE_MSG_PREFIX, _FORCE_MR_LOCAL,
+#      _FORCE_AV_MAP: the Cisco VIC code paths);
 #   3. UCX's UCP gtests instantiated for usnic (usnic/test_ucp_*), the
 #      suites named in USNIC_UCP_SUITES;
 #   4. a UCP matrix: ucx_perftest server and client over lo with
@@ -26,6 +29,9 @@
 #                                    suites run again over libfabric's udp
 #                                    provider (default: "own generic"; 0 or
 #                                    "": none)
+#   USNIC_VIC_SUITES="own" contrib/test.sh  which of them run again with
+#                                    the VIC's demands forced (default:
+#                                    "own generic")
 #   USNIC_UCP_SUITES="tag_xfer am" contrib/test.sh    UCP suites to run
 #                                    (default: all of them; .ci/run splits
 #                                    them between its two legs)
@@ -50,6 +56,10 @@ esac
 # UCX's UCP suites for usnic: usnic/test_ucp_<name>*
 ucp_suites=(${USNIC_UCP_SUITES:-tag_xfer am rma stream wireup peer_failure})
 udp_suites=" ${USNIC_UDP_SUITES-own generic} "
+vic_suites=" ${USNIC_VIC_SUITES-own generic} "
+# What the usnic provider demands, forced on libfabric's udp provider
+vic_env=(UCX_USNIC_PROVIDER=udp UCX_USNIC_FORCE_MSG_PREFIX=64
+         UCX_USNIC_FORCE_MR_LOCAL=y UCX_USNIC_FORCE_AV_MAP=y)
 
 "${usnic_top}/contrib/build.sh"
 usnic_env
@@ -204,6 +214,9 @@ second_lane() {
         run_suite usnic-generic-udp "usnic/*-${own}:${ucp}" \
             UCX_USNIC_PROVIDER=udp
     fi
+    if [[ "${vic_suites}" == *" generic "* ]]; then
+        run_suite usnic-generic-vic "usnic/*-${own}:${ucp}" "${vic_env[@]}"
+    fi
     run_suite usnic-generic-event-fd 'usnic/test_uct_event*' \
         UCX_USNIC_EVENT_FD=y
     run_ucp_suites "${ucp_suites[@]:1}"
@@ -274,6 +287,9 @@ else
         usnic_make_key "${results}/auth.key"
         run_suite usnic-own-mac "${own}" \
             UCX_USNIC_AUTH_KEY="${results}/auth.key"
+    fi
+    if [[ "${vic_suites}" == *" own "* ]]; then
+        run_suite usnic-own-vic "${own}" "${vic_env[@]}"
     fi
     run_suite usnic-generic "usnic/*-${own}:${ucp}"
     run_ucp_suites "${ucp_suites[0]}"

@@ -6,7 +6,8 @@
 #
 # usnic transport: reliable, ordered AM and PUT over libfabric datagram
 # endpoints (FI_EP_DGRAM). Needs libfabric, and xxHash for the checksum of
-# every datagram; libsodium, if found, gives the MAC of UCX_USNIC_AUTH_KEY.
+# every datagram; libsodium, if found, gives the MAC of UCX_USNIC_AUTH_KEY;
+# libfabric's usnic extension header, if installed, the VIC's link facts.
 #
 usnic_happy="no"
 AC_ARG_WITH([usnic],
@@ -58,6 +59,15 @@ AS_IF([test "x$with_usnic" != xno],
                     [AC_MSG_WARN([usnic: libsodium not found: UCX_USNIC_AUTH_KEY (datagram MACs) will be unavailable])])])
        AC_DEFINE_UNQUOTED([HAVE_USNIC_SODIUM], [$usnic_sodium],
                           [usnic transport: libsodium for datagram MACs])
+
+       # The usnic provider's extension (link speed, subnet of a VIC):
+       # installed by libfabric builds with that provider
+       usnic_fi_ext=0
+       AS_IF([test "x$usnic_happy" = xyes],
+             [AC_CHECK_HEADER([rdma/fi_ext_usnic.h], [usnic_fi_ext=1], [],
+                              [#include <rdma/fabric.h>])])
+       AC_DEFINE_UNQUOTED([HAVE_USNIC_FI_EXT], [$usnic_fi_ext],
+                          [usnic transport: libfabric's rdma/fi_ext_usnic.h])
 
        CPPFLAGS="$save_CPPFLAGS"
        LDFLAGS="$save_LDFLAGS"

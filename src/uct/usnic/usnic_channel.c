@@ -43,6 +43,7 @@ static unsigned uct_usnic_channel_post_recv(uct_usnic_channel_t *channel,
     size_t length = channel->prefix_size + channel->max_msg_size;
     uct_usnic_rx_desc_t *desc;
     unsigned posted;
+    void *buffer;
     ssize_t ret;
 
     for (posted = 0; posted < count; ++posted) {
@@ -51,10 +52,13 @@ static unsigned uct_usnic_channel_post_recv(uct_usnic_channel_t *channel,
             break;
         }
 
+        buffer = UCS_PTR_BYTE_OFFSET(uct_usnic_rx_desc_data(channel, desc),
+                                     -channel->prefix_size);
+        memset(buffer, UCT_USNIC_PREFIX_POISON, channel->fake_prefix);
         ret = fi_recv(channel->ep,
-                      UCS_PTR_BYTE_OFFSET(uct_usnic_rx_desc_data(channel, desc),
-                                          -channel->prefix_size),
-                      length, desc->mr_desc, FI_ADDR_UNSPEC, &desc->ctx);
+                      UCS_PTR_BYTE_OFFSET(buffer, channel->fake_prefix),
+                      length - channel->fake_prefix, desc->mr_desc,
+                      FI_ADDR_UNSPEC, &desc->ctx);
         if (ret != 0) {
             ucs_mpool_put_inline(desc);
             if (ret != -FI_EAGAIN) {
@@ -65,6 +69,8 @@ static unsigned uct_usnic_channel_post_recv(uct_usnic_channel_t *channel,
         }
 
         ucs_list_add_tail(&channel->rx_posted_list, &desc->list);
+        ++channel->posts.recvs;
+        channel->posts.recvs_mr += (desc->mr_desc != NULL);
     }
 
     channel->rx_posted += posted;
@@ -119,23 +125,58 @@ void uct_usnic_channel_rx_deliver(uct_usnic_channel_t *channel,
     }
 }
 
+/* Nothing but the poison in the prefix nobody but this channel knows of */
+static int uct_usnic_channel_prefix_intact(uct_usnic_channel_t *channel,
+                                           uct_usnic_rx_desc_t *desc)
+{
+    const uint8_t *prefix = UCS_PTR_BYTE_OFFSET(
+            uct_usnic_rx_desc_data(channel, desc), -channel->prefix_size);
+    size_t i;
+
+    for (i = 0; i < channel->fake_prefix; ++i) {
+        if (prefix[i] != UCT_USNIC_PREFIX_POISON) {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
 static void uct_usnic_channel_rx_complete(uct_usnic_channel_t *channel,
                                           const struct fi_cq_msg_entry *comp)
 {
     uct_usnic_rx_desc_t *desc = ucs_container_of(comp->op_context,
                                                  uct_usnic_rx_desc_t, ctx);
 
+    size_t length             = comp->len + channel->fake_prefix;
+
     ucs_list_del(&desc->list);
     --channel->rx_posted;
 
     /* A provider without FI_MSG_PREFIX handling would report less */
-    if (ucs_unlikely(comp->len < channel->prefix_size)) {
+    if (ucs_unlikely(length < channel->prefix_size)) {
         ucs_mpool_put_inline(desc);
         return;
     }
 
-    uct_usnic_channel_rx_deliver(channel, desc,
-                                 comp->len - channel->prefix_size);
+    if (ucs_unlikely(channel->fake_prefix > 0) &&
+        !uct_usnic_channel_prefix_intact(channel, desc)) {
+        ++channel->posts.bad_prefix;
+        ucs_error("%s: a received datagram was written into the message "
+                  "prefix", channel->name);
+        ucs_mpool_put_inline(desc);
+        return;
+    }
+
+    uct_usnic_channel_rx_deliver(channel, desc, length - channel->prefix_size);
+}
+
+static void uct_usnic_channel_tx_slot_put(uct_usnic_channel_t *channel,
+                                          void *op_context)
+{
+    ucs_mpool_put_inline(ucs_container_of(op_context, uct_usnic_tx_slot_t,
+                                          ctx));
+    --channel->tx_slots_posted;
 }
 
 static UCS_F_NOINLINE void
@@ -163,6 +204,10 @@ uct_usnic_channel_handle_cq_error(uct_usnic_channel_t *channel)
         ucs_mpool_put_inline(desc);
         ucs_debug("%s: receive failed: %s", channel->name,
                   fi_strerror(err.err));
+    } else if (err.flags & FI_SEND) {
+        /* The protocol resends what was lost */
+        uct_usnic_channel_tx_slot_put(channel, err.op_context);
+        ucs_debug("%s: send failed: %s", channel->name, fi_strerror(err.err));
     } else {
         ucs_warn("%s: completion error: %s", channel->name,
                  fi_strerror(err.err));
@@ -200,6 +245,8 @@ static unsigned uct_usnic_channel_fi_progress(uct_usnic_channel_t *channel,
         for (i = 0; i < ret; ++i) {
             if (comps[i].flags & FI_RECV) {
                 uct_usnic_channel_rx_complete(channel, &comps[i]);
+            } else if (comps[i].flags & FI_SEND) {
+                uct_usnic_channel_tx_slot_put(channel, comps[i].op_context);
             }
         }
         count += ret;
@@ -215,27 +262,110 @@ static unsigned uct_usnic_channel_fi_progress(uct_usnic_channel_t *channel,
     return count;
 }
 
+/*
+ * What the provider gets of a datagram buffer: all of it, or, behind a
+ * prefix it does not know about, what follows the prefix. The usnic
+ * provider writes its headers over the prefix of every send; the prefix
+ * nobody knows about gets the poison instead, so that nothing kept there
+ * survives a send either.
+ */
+static UCS_F_ALWAYS_INLINE void *
+uct_usnic_channel_fi_tx_buffer(uct_usnic_channel_t *channel, void *buffer,
+                               size_t *length_p)
+{
+    memset(buffer, UCT_USNIC_PREFIX_POISON, channel->fake_prefix);
+    *length_p -= channel->fake_prefix;
+    return UCS_PTR_BYTE_OFFSET(buffer, channel->fake_prefix);
+}
+
+/* A datagram larger than fi_inject takes is copied into a send slot: no
+ * datagram's memory has to outlive its ACK for the provider's sake */
+static ssize_t uct_usnic_channel_fi_send_slot(uct_usnic_channel_t *channel,
+                                              const uct_usnic_dgram_t *dgram,
+                                              fi_addr_t dest)
+{
+    uct_usnic_tx_slot_t *slot;
+    size_t offset, length;
+    void *buffer;
+    unsigned i;
+    ssize_t ret;
+
+    slot = ucs_mpool_get_inline(&channel->tx_slot_mp);
+    if (slot == NULL) {
+        return -FI_EAGAIN;
+    }
+
+    /* The pieces after the first one's prefix room */
+    buffer = slot + 1;
+    offset = channel->prefix_size;
+    for (i = 0; i < dgram->iovcnt; ++i) {
+        length = dgram->iov[i].iov_len - ((i == 0) ? offset : 0);
+        memcpy(UCS_PTR_BYTE_OFFSET(buffer, offset),
+               UCS_PTR_BYTE_OFFSET(dgram->iov[i].iov_base,
+                                   dgram->iov[i].iov_len - length),
+               length);
+        offset += length;
+    }
+
+    length = dgram->length;
+    buffer = uct_usnic_channel_fi_tx_buffer(channel, buffer, &length);
+    ret    = fi_send(channel->ep, buffer, length, slot->mr_desc, dest,
+                     &slot->ctx);
+    if (ret != 0) {
+        ucs_mpool_put_inline(slot);
+        return ret;
+    }
+
+    ++channel->tx_slots_posted;
+    ++channel->posts.sends;
+    channel->posts.sends_mr += (slot->mr_desc != NULL);
+    return 0;
+}
+
+static ssize_t uct_usnic_channel_fi_send_dgram(uct_usnic_channel_t *channel,
+                                               const uct_usnic_dgram_t *dgram,
+                                               fi_addr_t dest)
+{
+    size_t length = dgram->length;
+    void *buffer;
+    ssize_t ret;
+
+    if (length > channel->inject_size) {
+        return uct_usnic_channel_fi_send_slot(channel, dgram, dest);
+    }
+
+    /* fi_inject copies the datagram: one in pieces is gathered first */
+    buffer = (dgram->iovcnt == 1) ? dgram->iov[0].iov_base :
+                                    uct_usnic_channel_gather(channel, dgram);
+    buffer = uct_usnic_channel_fi_tx_buffer(channel, buffer, &length);
+    ret    = fi_inject(channel->ep, buffer, length, dest);
+    channel->posts.injects += (ret == 0);
+    return ret;
+}
+
 static ssize_t uct_usnic_channel_fi_send(uct_usnic_channel_t *channel,
                                          const void *buffer, size_t length,
                                          fi_addr_t dest)
 {
-    return fi_inject(channel->ep, buffer, length, dest);
+    uct_usnic_dgram_t dgram = {
+        .length = length,
+        .iovcnt = 1,
+        .iov    = {{.iov_base = (void*)buffer, .iov_len = length}}
+    };
+
+    return uct_usnic_channel_fi_send_dgram(channel, &dgram, dest);
 }
 
-/* fi_inject copies the datagram: one in pieces is gathered first */
 static unsigned
 uct_usnic_channel_fi_send_burst(uct_usnic_channel_t *channel,
                                 const uct_usnic_dgram_t *dgrams,
                                 unsigned count, fi_addr_t dest)
 {
-    const void *buffer;
     unsigned sent;
 
     for (sent = 0; sent < count; ++sent) {
-        buffer = (dgrams[sent].iovcnt == 1) ?
-                 dgrams[sent].iov[0].iov_base :
-                 uct_usnic_channel_gather(channel, &dgrams[sent]);
-        if (fi_inject(channel->ep, buffer, dgrams[sent].length, dest) != 0) {
+        if (uct_usnic_channel_fi_send_dgram(channel, &dgrams[sent], dest) !=
+            0) {
             break;
         }
     }
@@ -490,6 +620,32 @@ uct_usnic_channel_fault_init(uct_usnic_channel_t *channel,
     return UCS_OK;
 }
 
+static void uct_usnic_tx_slot_init(void *obj, void *mr_desc)
+{
+    uct_usnic_tx_slot_t *slot = obj;
+
+    slot->mr_desc = mr_desc;
+}
+
+/* As many send slots as the send queue holds sends */
+static ucs_status_t
+uct_usnic_channel_tx_slots_init(uct_usnic_channel_t *channel,
+                                uct_usnic_md_t *md,
+                                const uct_usnic_channel_params_t *params)
+{
+    uct_iface_mpool_config_t mp_config = *params->rx_mpool;
+
+    mp_config.max_bufs  = params->tx_queue_len;
+    mp_config.bufs_grow = 0;
+    return uct_usnic_md_mpool_init(md, &channel->tx_slot_mp,
+                                   sizeof(uct_usnic_tx_slot_t) +
+                                   channel->prefix_size +
+                                   channel->max_msg_size,
+                                   0, UCS_SYS_CACHE_LINE_SIZE, &mp_config,
+                                   ucs_min(params->tx_queue_len, 64),
+                                   uct_usnic_tx_slot_init, params->name);
+}
+
 ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                                     uct_base_iface_t *iface,
                                     uct_usnic_md_t *md,
@@ -515,8 +671,16 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
     channel->max_msg_size = params->max_msg_size;
     channel->fault        = NULL;
     channel->rx_bad_seal  = 0;
-    channel->prefix_size  = (info->mode & FI_MSG_PREFIX) ?
-                            info->ep_attr->msg_prefix_size : 0;
+    channel->prefix_size  = uct_usnic_channel_prefix(info,
+                                                     params->forced_prefix);
+    channel->fake_prefix  = channel->prefix_size -
+                            uct_usnic_channel_prefix(info, 0);
+    /* fi_inject takes the usnic provider's prefix, not one it ignores */
+    channel->inject_size  = md->force_mr_local ? 0 :
+                            (info->tx_attr->inject_size +
+                             channel->fake_prefix);
+    channel->tx_slots_posted = 0;
+    memset(&channel->posts, 0, sizeof(channel->posts));
     /* A user keeping a datagram finds its release descriptor just before
      * its headroom, both in front of the datagram */
     channel->rx_offset    = sizeof(uct_usnic_rx_desc_t) +
@@ -579,11 +743,18 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
     if (md->kernel) {
         /* The socket buffer, sized for the queue, is always posted */
         channel->rx_posted = channel->rx_queue_len;
-    } else if (uct_usnic_channel_post_recv(channel,
-                                           channel->rx_queue_len) == 0) {
-        ucs_error("%s: could not post any receive buffer", channel->name);
-        status = UCS_ERR_NO_RESOURCE;
-        goto err_cleanup;
+    } else {
+        status = uct_usnic_channel_tx_slots_init(channel, md, params);
+        if (status != UCS_OK) {
+            goto err_free_rx_mp;
+        }
+
+        if (uct_usnic_channel_post_recv(channel, channel->rx_queue_len) ==
+            0) {
+            ucs_error("%s: could not post any receive buffer", channel->name);
+            status = UCS_ERR_NO_RESOURCE;
+            goto err_cleanup;
+        }
     }
 
     if (uct_usnic_fault_enabled(params->fault) &&
@@ -603,6 +774,8 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
 err_cleanup:
     uct_usnic_channel_cleanup(channel);
     return status;
+err_free_rx_mp:
+    ucs_mpool_cleanup(&channel->rx_mp, 1);
 err_close_ep:
     channel->ops->cleanup(channel);
 err_free_state:
@@ -621,6 +794,11 @@ void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel)
     }
 
     channel->ops->cleanup(channel);
+    if (channel->ops == &uct_usnic_channel_fi_ops) {
+        /* The endpoint is gone: so are the sends it had not completed */
+        ucs_mpool_cleanup(&channel->tx_slot_mp,
+                          channel->tx_slots_posted == 0);
+    }
     ucs_mpool_cleanup(&channel->rx_mp, 1);
     uct_usnic_seal_cleanup(&channel->seal);
     ucs_free(channel->gather_buf);
@@ -628,8 +806,10 @@ void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel)
 
 ucs_status_t uct_usnic_av_open(uct_usnic_av_t *av, uct_usnic_md_t *md)
 {
+    /* Synchronous inserts (no FI_EVENT): an unreachable peer fails its
+     * fi_av_insert, and so the ep create, at once */
     struct fi_av_attr av_attr = {
-        .type  = FI_AV_TABLE,
+        .type  = md->info->domain_attr->av_type,
         .count = 256
     };
     int ret;
@@ -647,8 +827,9 @@ ucs_status_t uct_usnic_av_open(uct_usnic_av_t *av, uct_usnic_md_t *md)
 
     ret = fi_av_open(md->domain, &av_attr, &av->fid, NULL);
     if (ret != 0) {
-        ucs_error("fi_av_open(%s) failed: %s", md->info->domain_attr->name,
-                  fi_strerror(-ret));
+        ucs_error("fi_av_open(%s, %s) failed: %s",
+                  md->info->domain_attr->name,
+                  fi_tostr(&av_attr.type, FI_TYPE_AV_TYPE), fi_strerror(-ret));
         kh_destroy_inplace(uct_usnic_av_map, &av->map);
         return UCS_ERR_IO_ERROR;
     }
@@ -748,7 +929,9 @@ ucs_status_t uct_usnic_av_insert(uct_usnic_av_t *av,
         status = uct_usnic_av_sock_insert(av, addr, &entry->fi_addr);
     } else {
         ret    = fi_av_insert(av->fid, addr, 1, &entry->fi_addr, 0, NULL);
-        status = (ret == 1) ? UCS_OK : UCS_ERR_IO_ERROR;
+        status = (ret == 1)                ? UCS_OK :
+                 (ret == -FI_EHOSTUNREACH) ? UCS_ERR_UNREACHABLE :
+                                             UCS_ERR_IO_ERROR;
         if (status != UCS_OK) {
             ucs_error("fi_av_insert(%s) failed: %s",
                       ucs_sockaddr_str((const struct sockaddr*)addr, str,

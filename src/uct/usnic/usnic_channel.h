@@ -112,6 +112,34 @@ typedef struct uct_usnic_rx_desc {
 
 
 /**
+ * Send slot: a registered buffer that a datagram too large for fi_inject
+ * (or every datagram, under FORCE_MR_LOCAL) is copied into, and handed to
+ * the provider with its descriptor until the send completes. The datagram
+ * follows it, after the prefix room.
+ */
+typedef struct uct_usnic_tx_slot {
+    struct fi_context2  ctx;      /* Owned by libfabric while posted */
+    void                *mr_desc; /* Local registration, NULL without one */
+} uct_usnic_tx_slot_t;
+
+
+/* What lies in a message prefix the provider does not know about
+ * (FORCE_MSG_PREFIX): rewritten on every send, checked on every receive */
+#define UCT_USNIC_PREFIX_POISON 0xa5
+
+
+/* Buffers handed to a libfabric provider, for the tests of FI_MR_LOCAL */
+typedef struct uct_usnic_channel_posts {
+    uint64_t injects;        /* fi_inject: copied, needs no registration */
+    uint64_t sends;          /* fi_send from a send slot */
+    uint64_t sends_mr;       /* ... with a registration descriptor */
+    uint64_t recvs;          /* fi_recv */
+    uint64_t recvs_mr;       /* ... with a registration descriptor */
+    uint64_t bad_prefix;     /* Received datagrams whose prefix was written */
+} uct_usnic_channel_posts_t;
+
+
+/**
  * Called for every datagram received on a channel. Returns UCS_OK when the
  * descriptor may be reused at once, UCS_INPROGRESS when the callee keeps it
  * and releases it later with uct_usnic_channel_rx_desc_put().
@@ -129,6 +157,7 @@ typedef struct uct_usnic_channel_params {
     size_t                    rx_headroom;   /* Room in front of the prefix,
                                                 for a user's AM headroom */
     size_t                    max_msg_size;  /* Datagram size, no prefix */
+    size_t                    forced_prefix; /* FORCE_MSG_PREFIX, 0: none */
     /* Where AM payload starts in a datagram, and the iface parameters with
      * its alignment request; NULL for a channel that carries no payload */
     size_t                    am_offset;
@@ -169,6 +198,13 @@ struct uct_usnic_channel {
     } sock;
     uct_usnic_channel_rx_cb_t rx_cb;
     size_t                    prefix_size;  /* FI_MSG_PREFIX room */
+    size_t                    fake_prefix;  /* Of it, what the provider
+                                               does not know about */
+    size_t                    inject_size;  /* Largest fi_inject, prefix
+                                               included; 0: none */
+    ucs_mpool_t               tx_slot_mp;   /* Send slots */
+    unsigned                  tx_slots_posted;
+    uct_usnic_channel_posts_t posts;
     size_t                    rx_offset;    /* Datagram offset in a desc */
     size_t                    max_msg_size; /* Datagram size, no prefix */
     uct_usnic_seal_t          seal;         /* Ends every datagram */
@@ -218,6 +254,25 @@ void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel);
 /* Copy a datagram's pieces into the channel's gather buffer */
 void *uct_usnic_channel_gather(uct_usnic_channel_t *channel,
                                const uct_usnic_dgram_t *dgram);
+
+
+/* Message prefix room in front of every datagram buffer: the provider's
+ * (FI_MSG_PREFIX), or the one a test forces on a provider without it */
+static UCS_F_ALWAYS_INLINE size_t
+uct_usnic_channel_prefix(const struct fi_info *info, size_t forced_prefix)
+{
+    return (info->mode & FI_MSG_PREFIX) ? info->ep_attr->msg_prefix_size :
+                                          forced_prefix;
+}
+
+
+/* Largest datagram the provider carries, without the prefix */
+static UCS_F_ALWAYS_INLINE size_t
+uct_usnic_channel_max_dgram(const struct fi_info *info)
+{
+    return info->ep_attr->max_msg_size -
+           uct_usnic_channel_prefix(info, 0);
+}
 
 
 /* Hand a received datagram, lying in desc's data area, to the user */
@@ -301,7 +356,10 @@ uct_usnic_channel_poll(uct_usnic_channel_t *channel, unsigned max_events,
 {
     unsigned count;
 
-    if (may_skip && (channel->idle_polls >= UCT_USNIC_CHANNEL_IDLE_POLLS) &&
+    /* Send slots come back with completions: never skipped while any is
+     * out */
+    if (may_skip && (channel->tx_slots_posted == 0) &&
+        (channel->idle_polls >= UCT_USNIC_CHANNEL_IDLE_POLLS) &&
         ((++channel->skipped_polls % UCT_USNIC_CHANNEL_POLL_INTERVAL) != 0)) {
         return 0;
     }

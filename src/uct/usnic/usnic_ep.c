@@ -13,8 +13,37 @@
 #include "usnic_rx.h"
 
 #include <uct/base/uct_iov.inl>
+#include <arpa/inet.h>
 #include <ucs/debug/log.h>
 
+
+/*
+ * A datagram larger than the receiver's buffers would be cut short and lost
+ * for good, resent and lost again until the peer timeout: peers must agree
+ * on the datagram size, and each side of a connection says so when it
+ * connects. Prefixes differ freely: they never travel.
+ */
+static ucs_status_t
+uct_usnic_ep_check_mtu(uct_usnic_iface_t *iface,
+                       const uct_usnic_device_addr_t *dev_addr,
+                       const uct_usnic_iface_addr_t *if_addr)
+{
+    char peer[INET_ADDRSTRLEN];
+
+    if (if_addr->mtu == uct_usnic_iface_dgram_size(iface)) {
+        return UCS_OK;
+    }
+
+    ucs_error("usnic %s: peer %s sends and receives datagrams of up to %u "
+              "bytes (message prefix %u), this iface %u (message prefix "
+              "%zu): set %s the same on both sides",
+              ucs_derived_of(iface->super.md,
+                             uct_usnic_md_t)->info->domain_attr->name,
+              inet_ntop(AF_INET, &dev_addr->in_addr, peer, sizeof(peer)),
+              if_addr->mtu, if_addr->prefix, uct_usnic_iface_dgram_size(iface),
+              iface->config.prefix, UCT_USNIC_CONFIG_VAR("MTU"));
+    return UCS_ERR_UNREACHABLE;
+}
 
 UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
                     int internal)
@@ -38,6 +67,11 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
         ucs_error("usnic: not a usnic device address (magic 0x%x)",
                   dev_addr->magic);
         return UCS_ERR_INVALID_ADDR;
+    }
+
+    status = uct_usnic_ep_check_mtu(iface, dev_addr, if_addr);
+    if (status != UCS_OK) {
+        return status;
     }
 
     /* Off the path, nobody can forge our packets or the ACKs for them

@@ -321,6 +321,10 @@ uct_usnic_get_reply_ep(uct_usnic_iface_t *iface,
     if_addr.ports[UCT_USNIC_CHANNEL_DATA] = stream->src_port;
     if_addr.incarnation                    = peer;
     if_addr.open_key                       = stream->src_open_key;
+    /* The requester checked when it connected that it agrees with this
+     * iface on the datagram size */
+    if_addr.mtu                            = uct_usnic_iface_dgram_size(iface);
+    if_addr.prefix                         = iface->config.prefix;
     params.field_mask = UCT_EP_PARAM_FIELD_IFACE |
                         UCT_EP_PARAM_FIELD_DEV_ADDR |
                         UCT_EP_PARAM_FIELD_IFACE_ADDR;

@@ -229,6 +229,14 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      "which costs a system call per received datagram.",
      ucs_offsetof(uct_usnic_iface_config_t, event_fd), UCS_CONFIG_TYPE_BOOL},
 
+    {"FORCE_MSG_PREFIX", "0",
+     "Test switch: reserve a message prefix of this many bytes in front of\n"
+     "every datagram buffer, as the usnic provider demands (FI_MSG_PREFIX),\n"
+     "on a libfabric provider that does not ask for one. The prefix is\n"
+     "filled with a pattern on every send and checked on every receive.",
+     ucs_offsetof(uct_usnic_iface_config_t, force_msg_prefix),
+     UCS_CONFIG_TYPE_MEMUNITS},
+
     {"CHECKSUM", "y",
      "End-to-end checksum (32 bits of XXH3) on every datagram: a datagram that\n"
      "is not byte for byte what the peer sent (damaged where the link's own\n"
@@ -284,10 +292,6 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
 };
 
 
-/* Name of a configuration variable of this transport, for error messages */
-#define UCT_USNIC_CONFIG_VAR(_name) UCS_DEFAULT_ENV_PREFIX "USNIC_" _name
-
-
 /* One range a configuration value must lie in */
 typedef struct {
     const char    *var;
@@ -307,7 +311,9 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
     const uct_usnic_config_range_t ranges[] = {
         {UCT_USNIC_CONFIG_VAR("MTU"),
          (config->mtu == UCS_MEMUNITS_AUTO) ? 64 : config->mtu, 64,
-         info->ep_attr->max_msg_size, "the provider's largest datagram"},
+         uct_usnic_channel_max_dgram(info), "the provider's largest datagram"},
+        {UCT_USNIC_CONFIG_VAR("FORCE_MSG_PREFIX"), config->force_msg_prefix,
+         0, UCT_USNIC_MAX_FORCED_PREFIX, "bytes of prefix room"},
         {UCT_USNIC_CONFIG_VAR("RX_POST_BATCH"), config->rx_post_batch, 1,
          1024, "receives posted at once"},
         {UCT_USNIC_CONFIG_VAR("RX_QUEUE_LEN"), config->rx_queue_len,
@@ -341,6 +347,15 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
     };
     const uct_usnic_config_range_t *range;
     int type;
+
+    if ((config->force_msg_prefix != 0) &&
+        !strcmp(info->fabric_attr->prov_name, UCT_USNIC_PROVIDER_KERNEL)) {
+        ucs_error("%s=%zu: a test switch for libfabric providers; the %s "
+                  "provider takes no message prefix",
+                  UCT_USNIC_CONFIG_VAR("FORCE_MSG_PREFIX"),
+                  config->force_msg_prefix, UCT_USNIC_PROVIDER_KERNEL);
+        return UCS_ERR_INVALID_PARAM;
+    }
 
     if (!ucs_is_pow2(config->window)) {
         ucs_error("%s=%u must be a power of two",
@@ -502,6 +517,8 @@ ucs_status_t uct_usnic_iface_get_address(uct_iface_h tl_iface,
     }
     if_addr->incarnation = iface->incarnation;
     if_addr->open_key    = iface->open_key;
+    if_addr->mtu         = uct_usnic_iface_dgram_size(iface);
+    if_addr->prefix      = iface->config.prefix;
     return UCS_OK;
 }
 
@@ -787,7 +804,8 @@ static double uct_usnic_link_speed(const char *dev_name)
                               UCT_USNIC_DEFAULT_LINK_SPEED;
 }
 
-static ucs_status_t uct_usnic_iface_init_address(uct_usnic_iface_t *iface)
+static ucs_status_t uct_usnic_iface_init_address(uct_usnic_iface_t *iface,
+                                                  const uct_usnic_md_t *md)
 {
     uct_usnic_device_addr_t *dev_addr = &iface->dev_addr;
     uct_usnic_channel_t *data         = &iface->channels[UCT_USNIC_CHANNEL_DATA];
@@ -799,7 +817,9 @@ static ucs_status_t uct_usnic_iface_init_address(uct_usnic_iface_t *iface)
 
     dev_addr->magic      = UCT_USNIC_DEV_ADDR_MAGIC;
     dev_addr->in_addr    = data->addr.sin_addr.s_addr;
-    dev_addr->prefix_len = uct_usnic_prefix_len(dev_addr->in_addr);
+    dev_addr->prefix_len = (md->prefix_len != UCT_USNIC_PREFIX_LEN_UNKNOWN) ?
+                           md->prefix_len :
+                           uct_usnic_prefix_len(dev_addr->in_addr);
     dev_addr->ns_id      = ucs_get_system_id() ^
                            (ucs_sys_get_ns(UCS_SYS_NS_TYPE_NET) *
                             0x9e3779b97f4a7c15ul);
@@ -816,6 +836,7 @@ static ucs_status_t uct_usnic_iface_init_address(uct_usnic_iface_t *iface)
 }
 
 static void uct_usnic_iface_init_costs(uct_usnic_iface_t *iface,
+                                       const uct_usnic_md_t *md,
                                        const char *dev_name,
                                        const char *provider)
 {
@@ -831,7 +852,8 @@ static void uct_usnic_iface_init_costs(uct_usnic_iface_t *iface,
     iface->latency   = uct_usnic_provider_costs[i].latency;
     iface->overhead  = uct_usnic_provider_costs[i].overhead;
     /* The link, or one datagram per overhead on each side if that is less */
-    iface->bandwidth = ucs_min(uct_usnic_link_speed(dev_name) / 8 *
+    iface->bandwidth = ucs_min(((md->link_speed > 0) ? md->link_speed :
+                                uct_usnic_link_speed(dev_name)) / 8 *
                                iface->config.mtu /
                                (iface->config.mtu + UCT_USNIC_WIRE_OVERHEAD),
                                iface->config.mtu / (2 * iface->overhead));
@@ -878,6 +900,7 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
         ch_params[id].max_msg_size = iface->config.mtu +
                                      uct_usnic_seal_length(seal_type);
         ch_params[id].rx_mpool     = &config->rx_mpool;
+        ch_params[id].forced_prefix = config->force_msg_prefix;
         ch_params[id].port_range   = &config->port_range;
         ch_params[id].wakeup       = config->event_fd;
         ch_params[id].seal_type    = seal_type;
@@ -1000,8 +1023,7 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
                                        const uct_usnic_iface_config_t *config,
                                        const struct fi_info *info)
 {
-    size_t prefix = (info->mode & FI_MSG_PREFIX) ?
-                    info->ep_attr->msg_prefix_size : 0;
+    size_t prefix = uct_usnic_channel_prefix(info, config->force_msg_prefix);
 
     /* A key's MAC stands in for the checksum */
     iface->config.seal_type         = (config->auth_key[0] != '\0') ?
@@ -1009,13 +1031,11 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
                                       config->checksum ?
                                       UCT_USNIC_SEAL_CHECKSUM :
                                       UCT_USNIC_SEAL_NONE;
-    /* Every datagram goes out with fi_inject, which copies it; the
-     * protocol's room excludes the seal */
-    iface->config.mtu               = ucs_min((config->mtu == UCS_MEMUNITS_AUTO) ?
-                                              info->ep_attr->max_msg_size :
-                                              config->mtu,
-                                              info->tx_attr->inject_size -
-                                              prefix) -
+    /* The protocol's room excludes the seal */
+    iface->config.prefix            = prefix;
+    iface->config.mtu               = ((config->mtu == UCS_MEMUNITS_AUTO) ?
+                                       uct_usnic_channel_max_dgram(info) :
+                                       config->mtu) -
                                       uct_usnic_seal_length(
                                               iface->config.seal_type);
     iface->config.max_payload       = iface->config.mtu -
@@ -1352,12 +1372,12 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
         }
     }
 
-    status = uct_usnic_iface_init_address(self);
+    status = uct_usnic_iface_init_address(self, md);
     if (status != UCS_OK) {
         goto err_cleanup_events;
     }
 
-    uct_usnic_iface_init_costs(self, dev_name,
+    uct_usnic_iface_init_costs(self, md, dev_name,
                                md->info->fabric_attr->prov_name);
 
     status = ucs_async_add_timer(self->super.worker->async->mode,

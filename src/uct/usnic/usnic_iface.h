@@ -127,7 +127,17 @@ typedef struct uct_usnic_iface_addr {
     uint16_t ports[UCT_USNIC_CHANNEL_LAST]; /* Network order */
     uint32_t incarnation;
     uint32_t open_key;   /* Opening a stream here takes it */
+    uint16_t mtu;        /* Largest datagram, sent and received */
+    uint16_t prefix;     /* Message prefix room: local, only for errors */
 } UCS_S_PACKED uct_usnic_iface_addr_t;
+
+
+/* A configuration variable's name, as the user sets it */
+#define UCT_USNIC_CONFIG_VAR(_name) UCS_DEFAULT_ENV_PREFIX "USNIC_" _name
+
+
+/* Most prefix room a test may force */
+#define UCT_USNIC_MAX_FORCED_PREFIX 4096
 
 
 typedef struct uct_usnic_iface_config {
@@ -156,6 +166,7 @@ typedef struct uct_usnic_iface_config {
     unsigned                 max_reassembly;
     ucs_range_spec_t         port_range;
     int                      checksum;
+    size_t                   force_msg_prefix;
     char                     *auth_key;
     int                      event_fd;
     uct_usnic_fault_config_t fault;
@@ -220,6 +231,7 @@ typedef struct uct_usnic_iface {
     unsigned long           put_refused_unlogged;
     struct {
         size_t              mtu;           /* Datagram size, no seal */
+        size_t              prefix;        /* Message prefix room */
         uct_usnic_seal_type_t seal_type;
         size_t              max_payload;   /* Payload of one datagram */
         size_t              max_bcopy;
@@ -356,5 +368,14 @@ uct_usnic_iface_drop(uct_usnic_iface_t *iface, uct_usnic_rx_drop_t reason)
 
 ucs_status_t uct_usnic_iface_get_device_address(uct_iface_h tl_iface,
                                                 uct_device_addr_t *addr);
+
+/* Largest datagram on the wire, seal included: peers must agree on it */
+static UCS_F_ALWAYS_INLINE uint16_t
+uct_usnic_iface_dgram_size(const uct_usnic_iface_t *iface)
+{
+    return iface->config.mtu +
+           uct_usnic_seal_length(iface->config.seal_type);
+}
+
 
 #endif

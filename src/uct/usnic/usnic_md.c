@@ -10,6 +10,8 @@
 
 #include "usnic_md.h"
 
+#include <ucs/arch/atomic.h>
+#include <ucs/arch/bitops.h>
 #include <ucs/arch/cpu.h>
 #include <ucs/debug/log.h>
 #include <ucs/debug/memtrack_int.h>
@@ -17,6 +19,9 @@
 #include <ucs/type/init_once.h>
 
 #include <rdma/fi_errno.h>
+#if HAVE_USNIC_FI_EXT
+#  include <rdma/fi_ext_usnic.h>
+#endif
 #include <netinet/in.h>
 #include <sys/random.h>
 
@@ -33,6 +38,19 @@ static ucs_config_field_t uct_usnic_md_config_table[] = {
      "\"usnic\" (Cisco VIC) or \"udp\". \"auto\" selects \"usnic\" when\n"
      "libfabric finds it, otherwise \"kernel\".",
      ucs_offsetof(uct_usnic_md_config_t, provider), UCS_CONFIG_TYPE_STRING},
+
+    {"FORCE_MR_LOCAL", "n",
+     "Test switch: behave as the usnic provider demands (FI_MR_LOCAL) on any\n"
+     "libfabric provider: register every buffer handed to it and pass its\n"
+     "descriptor, and send every datagram from a registered send slot\n"
+     "rather than with fi_inject.",
+     ucs_offsetof(uct_usnic_md_config_t, force_mr_local),
+     UCS_CONFIG_TYPE_BOOL},
+
+    {"FORCE_AV_MAP", "n",
+     "Test switch: open the address vector as FI_AV_MAP, the only kind the\n"
+     "usnic provider offers, on any libfabric provider.",
+     ucs_offsetof(uct_usnic_md_config_t, force_av_map), UCS_CONFIG_TYPE_BOOL},
 
     {NULL}
 };
@@ -57,7 +75,8 @@ static struct fi_info *uct_usnic_fi_hints(const char *provider,
     hints->ep_attr->type        = FI_EP_DGRAM;
     hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED |
                                   FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
-    hints->domain_attr->av_type = FI_AV_TABLE;
+    /* The usnic provider offers FI_AV_MAP only, others FI_AV_TABLE */
+    hints->domain_attr->av_type = FI_AV_UNSPEC;
 
     if (provider != NULL) {
         hints->fabric_attr->prov_name = strdup(provider);
@@ -315,6 +334,26 @@ ucs_status_t uct_usnic_random(void *buf, size_t length)
     return UCS_OK;
 }
 
+/* Register memory the provider sends from or receives into (FI_MR_LOCAL).
+ * A provider that does not pick keys itself wants a distinct one each. */
+static ucs_status_t uct_usnic_md_local_reg(uct_usnic_md_t *md, void *address,
+                                           size_t length, struct fid_mr **mr_p)
+{
+    uint64_t key = ucs_atomic_fadd64(&md->next_mr_key, 1);
+    int ret;
+
+    ret = fi_mr_reg(md->domain, address, length, FI_SEND | FI_RECV, 0, key, 0,
+                    mr_p, NULL);
+    if (ret != 0) {
+        ucs_error("fi_mr_reg(%s, address %p, %zu bytes) failed: %s",
+                  md->info->domain_attr->name, address, length,
+                  fi_strerror(-ret));
+        return UCS_ERR_IO_ERROR;
+    }
+
+    return UCS_OK;
+}
+
 static ucs_status_t
 uct_usnic_mem_reg(uct_md_h uct_md, void *address, size_t length,
                   const uct_md_mem_reg_params_t *params, uct_mem_h *memh_p)
@@ -325,7 +364,6 @@ uct_usnic_mem_reg(uct_md_h uct_md, void *address, size_t length,
     uct_usnic_memh_t *memh;
     ucs_status_t status;
     uint64_t secret;
-    int ret;
 
     /* A peer must not be able to guess it */
     status = uct_usnic_random(&secret, sizeof(secret));
@@ -347,13 +385,10 @@ uct_usnic_mem_reg(uct_md_h uct_md, void *address, size_t length,
     memh->rkey.secret  = secret;
 
     if (md->mr_local) {
-        ret = fi_mr_reg(md->domain, address, length, FI_SEND | FI_RECV, 0, 0,
-                        0, &memh->mr, NULL);
-        if (ret != 0) {
-            ucs_error("fi_mr_reg(address %p length %zu) failed: %s", address,
-                      length, fi_strerror(-ret));
+        status = uct_usnic_md_local_reg(md, address, length, &memh->mr);
+        if (status != UCS_OK) {
             ucs_free(memh);
-            return UCS_ERR_IO_ERROR;
+            return status;
         }
     }
 
@@ -583,6 +618,46 @@ static ucs_status_t uct_usnic_md_open_domain(uct_usnic_md_t *md)
     return UCS_OK;
 }
 
+/*
+ * What only the usnic provider's extension tells: the VIC's link speed and
+ * subnet, for iface_query and reachability (its domains are named after the
+ * VIC, not after a netdev that sysfs would know).
+ */
+static void uct_usnic_md_query_usnic_ext(uct_usnic_md_t *md)
+{
+#if HAVE_USNIC_FI_EXT
+    struct fi_usnic_ops_fabric *ops;
+    struct fi_usnic_info info;
+    int ret;
+
+    if (strcmp(md->info->fabric_attr->prov_name, "usnic")) {
+        return;
+    }
+
+    ret = fi_open_ops(&md->fabric->fid, FI_USNIC_FABRIC_OPS_1, 0,
+                      (void**)&ops, NULL);
+    if (ret != 0) {
+        ucs_debug("fi_open_ops(%s, %s) failed: %s",
+                  md->info->fabric_attr->name, FI_USNIC_FABRIC_OPS_1,
+                  fi_strerror(-ret));
+        return;
+    }
+
+    ret = ops->getinfo(1, md->fabric, &info);
+    if (ret != 0) {
+        ucs_debug("usnic getinfo(%s) failed: %s", md->info->fabric_attr->name,
+                  fi_strerror(-ret));
+        return;
+    }
+
+    md->link_speed = info.ui.v1.ui_link_speed * 1e6;
+    md->prefix_len = ucs_popcount(info.ui.v1.ui_netmask_be);
+    ucs_debug("usnic md %s: VIC %.*s, link %u Mb/s, /%u",
+              md->info->domain_attr->name, (int)sizeof(info.ui.v1.ui_ifname),
+              info.ui.v1.ui_ifname, info.ui.v1.ui_link_speed, md->prefix_len);
+#endif
+}
+
 /* The domain of the MD named md_name, as uct_usnic_query_md_resources
  * named it */
 static ucs_status_t uct_usnic_md_getinfo(const char *provider,
@@ -624,6 +699,37 @@ static ucs_status_t uct_usnic_md_getinfo(const char *provider,
     return status;
 }
 
+/* How the provider wants buffers and addresses handed to it, or how the
+ * test switches make any libfabric provider want them */
+static ucs_status_t
+uct_usnic_md_init_modes(uct_usnic_md_t *md,
+                        const uct_usnic_md_config_t *md_config)
+{
+    struct fi_domain_attr *domain_attr = md->info->domain_attr;
+
+    if (md->kernel && (md_config->force_mr_local || md_config->force_av_map)) {
+        ucs_error("%sUSNIC_FORCE_%s=y: a test switch for libfabric providers; "
+                  "the %s provider takes neither registrations nor an "
+                  "address vector", UCS_DEFAULT_ENV_PREFIX,
+                  md_config->force_mr_local ? "MR_LOCAL" : "AV_MAP",
+                  UCT_USNIC_PROVIDER_KERNEL);
+        return UCS_ERR_INVALID_PARAM;
+    }
+
+    md->force_mr_local = md_config->force_mr_local;
+    md->mr_local       = (domain_attr->mr_mode & FI_MR_LOCAL) ||
+                         md_config->force_mr_local;
+    md->link_speed     = 0;
+    md->prefix_len     = UCT_USNIC_PREFIX_LEN_UNKNOWN;
+    /* The domain opens with the type its address vectors will have */
+    if (md_config->force_av_map) {
+        domain_attr->av_type = FI_AV_MAP;
+    } else if (domain_attr->av_type == FI_AV_UNSPEC) {
+        domain_attr->av_type = FI_AV_TABLE;
+    }
+    return UCS_OK;
+}
+
 static ucs_status_t
 uct_usnic_md_open(uct_component_t *component, const char *md_name,
                   const uct_md_config_t *uct_md_config, uct_md_h *md_p)
@@ -655,7 +761,12 @@ uct_usnic_md_open(uct_component_t *component, const char *md_name,
 
     md->kernel = !strcmp(md->info->fabric_attr->prov_name,
                          UCT_USNIC_PROVIDER_KERNEL);
-    status     = uct_usnic_md_open_domain(md);
+    status     = uct_usnic_md_init_modes(md, md_config);
+    if (status != UCS_OK) {
+        goto err_free_info;
+    }
+
+    status = uct_usnic_md_open_domain(md);
     if (status != UCS_OK) {
         goto err_free_info;
     }
@@ -666,7 +777,7 @@ uct_usnic_md_open(uct_component_t *component, const char *md_name,
     }
 
     ucs_ptr_array_init(&md->regs, "usnic_regs");
-    md->mr_local         = !!(md->info->domain_attr->mr_mode & FI_MR_LOCAL);
+    uct_usnic_md_query_usnic_ext(md);
     md->super.ops        = &uct_usnic_md_ops;
     md->super.component  = &uct_usnic_component;
     *md_p                = &md->super;
@@ -705,6 +816,7 @@ static ucs_status_t uct_usnic_mpool_chunk_alloc(ucs_mpool_t *mp,
     uct_usnic_mpool_priv_t *priv = ucs_mpool_priv(mp);
     size_t size                  = sizeof(uct_usnic_chunk_hdr_t) + *size_p;
     uct_usnic_chunk_hdr_t *hdr;
+    ucs_status_t status;
     int ret;
 
     ret = ucs_posix_memalign((void**)&hdr, UCS_SYS_CACHE_LINE_SIZE, size,
@@ -717,13 +829,10 @@ static ucs_status_t uct_usnic_mpool_chunk_alloc(ucs_mpool_t *mp,
 
     hdr->mr = NULL;
     if (priv->md->mr_local) {
-        ret = fi_mr_reg(priv->md->domain, hdr, size, FI_SEND | FI_RECV, 0, 0,
-                        0, &hdr->mr, NULL);
-        if (ret != 0) {
-            ucs_error("fi_mr_reg(%s, %zu bytes) failed: %s",
-                      ucs_mpool_name(mp), size, fi_strerror(-ret));
+        status = uct_usnic_md_local_reg(priv->md, hdr, size, &hdr->mr);
+        if (status != UCS_OK) {
             ucs_free(hdr);
-            return UCS_ERR_IO_ERROR;
+            return status;
         }
     }
 

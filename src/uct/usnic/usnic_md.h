@@ -33,7 +33,13 @@
 typedef struct uct_usnic_md_config {
     uct_md_config_t super;
     char            *provider; /* libfabric provider, "kernel" or "auto" */
+    int             force_mr_local;
+    int             force_av_map;
 } uct_usnic_md_config_t;
+
+
+/* No subnet known from the provider */
+#define UCT_USNIC_PREFIX_LEN_UNKNOWN UINT8_MAX
 
 
 /**
@@ -49,6 +55,11 @@ typedef struct uct_usnic_md {
     struct fid_fabric  *fabric;
     struct fid_domain  *domain;
     int                mr_local; /* Provider needs local registration */
+    int                force_mr_local; /* ... or a test switch wants it */
+    uint64_t           next_mr_key; /* For providers without FI_MR_PROV_KEY */
+    double             link_speed; /* bits/s, 0 unless the provider tells */
+    uint8_t            prefix_len; /* Subnet from the provider, or
+                                      UCT_USNIC_PREFIX_LEN_UNKNOWN */
     ucs_ptr_array_t    regs;     /* Registration id -> uct_usnic_memh_t */
     ucs_spinlock_t     regs_lock; /* Registrations vs. remote writes */
 } uct_usnic_md_t;

@@ -57,13 +57,7 @@ protected:
                                           NULL, &config);
         EXPECT_UCS_OK(status);
         if (name != NULL) {
-            /* UCX 1.13 matches names relative to the transport's table,
-             * 1.22 with the table's prefix */
-            status = uct_config_modify(config, name, value);
-            if (status == UCS_ERR_NO_ELEM) {
-                status = uct_config_modify(
-                        config, (std::string("USNIC_") + name).c_str(), value);
-            }
+            status = usnic_test::config_modify(config, name, value);
         }
         if (status == UCS_OK) {
             status = uct_iface_open(m_entity->md(), m_entity->worker(),

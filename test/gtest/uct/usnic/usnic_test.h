@@ -19,6 +19,7 @@ extern "C" {
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <string>
 #include <vector>
 
 
@@ -44,6 +45,21 @@ random_iov(uint8_t *buffer, size_t length, size_t max_iov)
     }
 
     return iov;
+}
+
+/* Set a variable in a configuration read with uct_md_config_read or
+ * uct_md_iface_config_read: UCX 1.13 matches names relative to the
+ * transport's table, 1.22 with the table's prefix */
+static inline ucs_status_t
+config_modify(void *config, const std::string &name, const std::string &value)
+{
+    ucs_status_t status = uct_config_modify(config, name.c_str(),
+                                            value.c_str());
+
+    return (status != UCS_ERR_NO_ELEM) ?
+                   status :
+                   uct_config_modify(config, ("USNIC_" + name).c_str(),
+                                     value.c_str());
 }
 
 static inline bool port_is_free(unsigned port)
