@@ -329,6 +329,9 @@ main() {
     if [ "${usnic_leg}" = default ]; then
         ln -sfn "${usnic_leg}/install" "${usnic_build}/install"
     fi
+    if grep -q '^#define HAVE_USNIC_FI_EXT 1' "${usnic_obj}/config.h"; then
+        usnic_log "built with libfabric's usnic extension (rdma/fi_ext_usnic.h)"
+    fi
     usnic_log "done: ${usnic_bin}/ucx_info -d -t usnic"
 }
 
