@@ -147,7 +147,6 @@ static void uct_usnic_channel_rx_complete(uct_usnic_channel_t *channel,
 {
     uct_usnic_rx_desc_t *desc = ucs_container_of(comp->op_context,
                                                  uct_usnic_rx_desc_t, ctx);
-
     size_t length             = comp->len + channel->fake_prefix;
 
     ucs_list_del(&desc->list);
@@ -675,7 +674,8 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
                                                      params->forced_prefix);
     channel->fake_prefix  = channel->prefix_size -
                             uct_usnic_channel_prefix(info, 0);
-    /* fi_inject takes the usnic provider's prefix, not one it ignores */
+    /* Lengths handed to the channel's provider ops count every prefix,
+     * those the provider gets only its own */
     channel->inject_size  = md->force_mr_local ? 0 :
                             (info->tx_attr->inject_size +
                              channel->fake_prefix);
