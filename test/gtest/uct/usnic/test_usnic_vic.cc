@@ -125,9 +125,15 @@ protected:
         ASSERT_EQ(received, m_received);
     }
 
+    enum send_mode {
+        SEND_SHORT,
+        SEND_BCOPY,
+        SEND_ZCOPY
+    };
+
     /* One message of length bytes, the way given, from one entity to the
      * other; waits until it is delivered */
-    void send(entity *from, size_t length, int how)
+    void send(entity *from, size_t length, send_mode how)
     {
         std::vector<uint8_t> data(length);
         uint32_t seq        = m_sent++;
@@ -142,7 +148,7 @@ protected:
         comp.func   = (uct_completion_callback_t)ucs_empty_function;
         comp.count  = 1;
         comp.status = UCS_OK;
-        if (how == 2) {
+        if (how == SEND_ZCOPY) {
             ASSERT_UCS_OK(uct_md_mem_reg(from->md(), &data[0], length,
                                          UCT_MD_MEM_ACCESS_ALL, &memh));
             /* Registered with the provider where it wants that */
@@ -151,12 +157,12 @@ protected:
         }
 
         do {
-            if (how == 0) {
+            if (how == SEND_SHORT) {
                 memcpy(&header, &data[0], sizeof(header));
                 status = uct_ep_am_short(from->ep(0), AM_ID, header,
                                          &data[sizeof(header)],
                                          length - sizeof(header));
-            } else if (how == 1) {
+            } else if (how == SEND_BCOPY) {
                 packed = uct_ep_am_bcopy(from->ep(0), AM_ID, pack_cb, &data,
                                          0);
                 status = (packed < 0) ? (ucs_status_t)packed : UCS_OK;
@@ -171,9 +177,12 @@ protected:
         } while ((status == UCS_ERR_NO_RESOURCE) &&
                  (ucs_get_time() < deadline));
         ASSERT_UCS_OK_OR_INPROGRESS(status);
+        if (status == UCS_OK) {
+            comp.count = 0;
+        }
 
         progress_until(m_sent);
-        if (how == 2) {
+        if (how == SEND_ZCOPY) {
             while ((comp.count > 0) && (ucs_get_time() < deadline)) {
                 progress();
             }
@@ -191,10 +200,10 @@ protected:
         for (entity *from : {m_a, m_b}) {
             for (size_t size : sizes) {
                 if (size <= from->iface_attr().cap.am.max_short) {
-                    send(from, size, 0);
+                    send(from, size, SEND_SHORT);
                 }
-                send(from, size, 1);
-                send(from, size, 2);
+                send(from, size, SEND_BCOPY);
+                send(from, size, SEND_ZCOPY);
             }
         }
         flush();
@@ -332,7 +341,7 @@ UCS_TEST_SKIP_COND_P(test_usnic_vic, payload_in_prefix_caught,
                      on_kernel_provider()) {
     set_usnic_config("FORCE_MSG_PREFIX", ucs::to_string(PREFIX));
     connect_pair();
-    send(m_a, 8, 0);
+    send(m_a, 8, SEND_SHORT);
     flush();
 
     /* The provider fills posted buffers in order: the next datagram goes
@@ -349,7 +358,7 @@ UCS_TEST_SKIP_COND_P(test_usnic_vic, payload_in_prefix_caught,
     m_errors.clear();
     {
         scoped_log_handler slh(wrap_errors_logger);
-        send(m_a, 100, 0);
+        send(m_a, 100, SEND_SHORT);
         flush();
     }
     EXPECT_EQ(1u, data->posts.bad_prefix);
