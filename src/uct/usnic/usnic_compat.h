@@ -110,8 +110,22 @@ uct_usnic_mpool_grow(const uct_iface_mpool_config_t *config, unsigned grow)
         .ep_get_device_ep      = UCT_USNIC_STUB(uct_ep_get_device_ep_func_t, \
                                  ucs_empty_function_return_unsupported), \
         .ep_put_sgl_zcopy      = UCT_USNIC_STUB(uct_ep_put_sgl_zcopy_func_t, \
-                                 ucs_empty_function_return_unsupported) \
+                                 ucs_empty_function_return_unsupported), \
+        UCT_USNIC_IFACE_INTERNAL_OPS_1_23 \
     }
+
+/* Internal ops that UCX 1.23 adds (UCX master today); its iface constructor
+ * asserts that ep_outstanding_purge is set */
+#if UCT_USNIC_UCX_GE(1, 23)
+#define UCT_USNIC_IFACE_INTERNAL_OPS_1_23 \
+        .ep_get_sgl_zcopy      = UCT_USNIC_STUB(uct_ep_get_sgl_zcopy_func_t, \
+                                 ucs_empty_function_return_unsupported), \
+        .ep_outstanding_purge  = UCT_USNIC_STUB( \
+                                 uct_ep_outstanding_purge_func_t, \
+                                 ucs_empty_function_return_unsupported),
+#else
+#define UCT_USNIC_IFACE_INTERNAL_OPS_1_23
+#endif
 
 
 static UCS_F_MAYBE_UNUSED ucs_status_t
