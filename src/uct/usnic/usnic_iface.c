@@ -229,6 +229,13 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      "which costs a system call per received datagram.",
      ucs_offsetof(uct_usnic_iface_config_t, event_fd), UCS_CONFIG_TYPE_BOOL},
 
+    {"STATS_SUMMARY", "n",
+     "Print one line of the iface's counters when it closes: datagrams sent\n"
+     "and received, resends by cause, ACKs, drops by reason. Without it the\n"
+     "line goes to the debug log.",
+     ucs_offsetof(uct_usnic_iface_config_t, stats_summary),
+     UCS_CONFIG_TYPE_BOOL},
+
     {"FORCE_MSG_PREFIX", "0",
      "Test switch: reserve a message prefix of this many bytes in front of\n"
      "every datagram buffer, as the usnic provider demands (FI_MSG_PREFIX),\n"
@@ -1086,6 +1093,7 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
     iface->config.rto_min           = ucs_time_from_sec(config->rto_min);
     iface->config.rto_max           = ucs_time_from_sec(config->rto_max);
     iface->config.max_resend        = config->max_resend;
+    iface->config.stats_summary     = config->stats_summary;
     iface->config.timeout           = ucs_time_from_sec(config->timeout);
     iface->config.max_streams       = config->max_streams;
     iface->config.max_ooo           = config->max_ooo;
@@ -1408,40 +1416,58 @@ err_cleanup_tables:
     return status;
 }
 
-/* What an iface did in its life, for whoever debugs a run */
-static void uct_usnic_iface_log_stats(const uct_usnic_iface_t *iface)
+/* What an iface did in its life: for the user who asked for it
+ * (STATS_SUMMARY, at a level no log setting filters), else for whoever
+ * debugs a run */
+static void uct_usnic_iface_log_stats(uct_usnic_iface_t *iface)
 {
-    const uint64_t *drop = iface->stats.rx_drop;
+    const uint64_t *drop     = iface->stats.rx_drop;
+    const uct_usnic_md_t *md = ucs_derived_of(iface->super.md,
+                                              uct_usnic_md_t);
+    ucs_log_level_t level;
 
-    ucs_debug("usnic iface %p: tx %lu datagrams, %lu AMs bundled, %lu "
-              "messages held back, %lu resent (%lu timeouts, "
-              "%lu tail probes, %lu read replies revoked), %lu streams "
-              "opened again, %lu standalone and %lu piggy-backed ACKs; rx "
-              "%lu datagrams, %lu ACKs, %lu streams reclaimed; "
-              "dropped: %lu invalid, %lu stale, %lu forged, %lu no stream, "
-              "%lu duplicate, "
-              "%lu out of window, %lu no resource, %lu PUT key, %lu PUT range, "
-              "%lu GET key, %lu GET range, %lu bad %s",
-              iface, iface->stats.tx_packets, iface->stats.tx_bundled,
-              iface->stats.tx_held, iface->stats.tx_resends,
-              iface->stats.tx_timeouts, iface->stats.tx_tail_probes,
-              iface->stats.tx_reads_revoked, iface->stats.tx_reopens,
-              iface->stats.tx_acks, iface->stats.tx_piggy_acks,
-              iface->stats.rx_packets, iface->stats.rx_acks,
-              iface->stats.rx_streams_reclaimed,
-              drop[UCT_USNIC_RX_DROP_INVALID], drop[UCT_USNIC_RX_DROP_STALE],
-              drop[UCT_USNIC_RX_DROP_FORGED],
-              drop[UCT_USNIC_RX_DROP_NO_STREAM],
-              drop[UCT_USNIC_RX_DROP_DUPLICATE],
-              drop[UCT_USNIC_RX_DROP_OUT_OF_WINDOW],
-              drop[UCT_USNIC_RX_DROP_NO_RESOURCE],
-              drop[UCT_USNIC_RX_DROP_PUT_KEY],
-              drop[UCT_USNIC_RX_DROP_PUT_RANGE],
-              drop[UCT_USNIC_RX_DROP_GET_KEY],
-              drop[UCT_USNIC_RX_DROP_GET_RANGE],
-              iface->channels[UCT_USNIC_CHANNEL_PRIO].rx_bad_seal +
-              iface->channels[UCT_USNIC_CHANNEL_DATA].rx_bad_seal,
-              uct_usnic_seal_name(iface->config.seal_type));
+    if (iface->config.stats_summary) {
+        level = UCS_LOG_LEVEL_PRINT;
+    } else if (ucs_log_is_enabled(UCS_LOG_LEVEL_DEBUG)) {
+        level = UCS_LOG_LEVEL_DEBUG;
+    } else {
+        return;
+    }
+
+    ucs_log_dispatch(__FILE__, __LINE__, __func__, level,
+                     &ucs_global_opts.log_component,
+                     "usnic iface %p (%s): tx %lu datagrams, %lu AMs bundled, "
+                     "%lu messages held back, %lu resent (%lu timeouts, "
+                     "%lu tail probes, %lu read replies revoked), %lu streams "
+                     "opened again, %lu standalone and %lu piggy-backed ACKs; "
+                     "rx %lu datagrams, %lu ACKs, %lu streams reclaimed; "
+                     "dropped: %lu invalid, %lu stale, %lu forged, "
+                     "%lu no stream, %lu duplicate, %lu out of window, "
+                     "%lu no resource, %lu PUT key, %lu PUT range, "
+                     "%lu GET key, %lu GET range, %lu bad %s",
+                     iface, md->info->domain_attr->name,
+                     iface->stats.tx_packets,
+                     iface->stats.tx_bundled, iface->stats.tx_held,
+                     iface->stats.tx_resends, iface->stats.tx_timeouts,
+                     iface->stats.tx_tail_probes,
+                     iface->stats.tx_reads_revoked, iface->stats.tx_reopens,
+                     iface->stats.tx_acks, iface->stats.tx_piggy_acks,
+                     iface->stats.rx_packets, iface->stats.rx_acks,
+                     iface->stats.rx_streams_reclaimed,
+                     drop[UCT_USNIC_RX_DROP_INVALID],
+                     drop[UCT_USNIC_RX_DROP_STALE],
+                     drop[UCT_USNIC_RX_DROP_FORGED],
+                     drop[UCT_USNIC_RX_DROP_NO_STREAM],
+                     drop[UCT_USNIC_RX_DROP_DUPLICATE],
+                     drop[UCT_USNIC_RX_DROP_OUT_OF_WINDOW],
+                     drop[UCT_USNIC_RX_DROP_NO_RESOURCE],
+                     drop[UCT_USNIC_RX_DROP_PUT_KEY],
+                     drop[UCT_USNIC_RX_DROP_PUT_RANGE],
+                     drop[UCT_USNIC_RX_DROP_GET_KEY],
+                     drop[UCT_USNIC_RX_DROP_GET_RANGE],
+                     iface->channels[UCT_USNIC_CHANNEL_PRIO].rx_bad_seal +
+                     iface->channels[UCT_USNIC_CHANNEL_DATA].rx_bad_seal,
+                     uct_usnic_seal_name(iface->config.seal_type));
 }
 
 static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t)

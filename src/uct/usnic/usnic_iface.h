@@ -169,6 +169,7 @@ typedef struct uct_usnic_iface_config {
     size_t                   force_msg_prefix;
     char                     *auth_key;
     int                      event_fd;
+    int                      stats_summary;
     uct_usnic_fault_config_t fault;
     uct_iface_mpool_config_t rx_mpool;
     uct_iface_mpool_config_t tx_mpool;
@@ -265,6 +266,7 @@ typedef struct uct_usnic_iface {
         unsigned            ooo_ring_size; /* Reach of a stream's reorder
                                               ring: a power of two */
         unsigned            max_reassembly;
+        int                 stats_summary; /* Counters printed on close */
     } config;
     struct {
         uint64_t            rx_drop[UCT_USNIC_RX_DROP_LAST];

@@ -993,6 +993,93 @@ UCS_TEST_P(test_usnic_faults, drop_20_percent) {
     stream_with_drops("0.2");
 }
 
+/*
+ * Every datagram sent again is accounted for: it replaced one the injector
+ * dropped, or it reached the receiver as a copy of one it had (a spurious
+ * resend), or the receiver had no room to keep it. With losses only on the
+ * data channel (ACKs all arrive), N dropped datagrams are N resends plus
+ * whatever the receiver counted.
+ */
+UCS_TEST_P(test_usnic_faults, resends_match_drops) {
+    entity *sender = stream({{"FAULT_DROP", "0.05"},
+                             {"FAULT_CHANNELS", "data"}},
+                            5000 / ucs::test_time_multiplier());
+    const uct_usnic_iface_t *iface    = usnic_iface(sender);
+    const uint64_t *receiver_drop     = usnic_iface(m_receiver)->stats.rx_drop;
+    uint64_t dropped                  = injected(sender,
+                                                 UCT_USNIC_FAULT_DROP);
+    uint64_t duplicates = receiver_drop[UCT_USNIC_RX_DROP_DUPLICATE];
+    uint64_t not_kept   = receiver_drop[UCT_USNIC_RX_DROP_NO_RESOURCE] +
+                          receiver_drop[UCT_USNIC_RX_DROP_OUT_OF_WINDOW];
+
+    UCS_TEST_MESSAGE << dropped << " datagrams dropped, "
+                     << iface->stats.tx_resends << " resent ("
+                     << iface->stats.tx_timeouts << " timeouts, "
+                     << iface->stats.tx_tail_probes << " tail probes), "
+                     << duplicates << " duplicates, " << not_kept
+                     << " not kept";
+    EXPECT_GT(dropped, 0u);
+    EXPECT_EQ(0u, injected(m_receiver, UCT_USNIC_FAULT_DROP));
+    EXPECT_EQ(dropped + duplicates + not_kept, iface->stats.tx_resends);
+}
+
+/* STATS_SUMMARY: one line of counters when an iface closes, whatever the
+ * log level */
+class test_usnic_stats_summary : public test_usnic_faults {
+protected:
+    static std::vector<std::string> m_lines;
+
+    static ucs_log_func_rc_t
+    summary_logger(const char *file, unsigned line, const char *function,
+                   ucs_log_level_t level,
+                   const ucs_log_component_config_t *comp_conf,
+                   const char *message, va_list ap)
+    {
+        if (level == UCS_LOG_LEVEL_PRINT) {
+            m_lines.push_back(format_message(message, ap));
+        }
+        return UCS_LOG_FUNC_RC_CONTINUE;
+    }
+
+    /* Lines the sender printed while it closed */
+    std::vector<std::string> close_sender(entity *sender)
+    {
+        scoped_log_handler slh(summary_logger);
+
+        m_lines.clear();
+        m_entities.remove(sender);
+        return m_lines;
+    }
+};
+
+std::vector<std::string> test_usnic_stats_summary::m_lines;
+
+UCS_TEST_P(test_usnic_stats_summary, one_line_on_close) {
+    entity *sender = start({{"STATS_SUMMARY", "y"}});
+    unsigned count = 10;
+
+    for (unsigned i = 0; i < count; ++i) {
+        send(sender, 0, sizeof(message), SEND_SHORT);
+    }
+    wait_all_received();
+
+    uint64_t sent = usnic_iface(sender)->stats.tx_packets;
+    EXPECT_GT(sent, 0u);
+    std::string expected = "tx " + std::to_string(sent) + " datagrams";
+    std::vector<std::string> lines = close_sender(sender);
+    ASSERT_EQ(1u, lines.size());
+    EXPECT_NE(std::string::npos, lines[0].find("usnic iface")) << lines[0];
+    EXPECT_NE(std::string::npos, lines[0].find(expected)) << lines[0];
+}
+
+UCS_TEST_P(test_usnic_stats_summary, quiet_by_default) {
+    entity *sender = start({});
+
+    send(sender, 0, sizeof(message), SEND_SHORT);
+    wait_all_received();
+    EXPECT_TRUE(close_sender(sender).empty());
+}
+
 /* Tight caps on what the receiver keeps out of order (4 packets on the
  * iface, 8 ahead on a stream): through drops, every message still arrives
  * once and in order, and nothing stays parked */
@@ -1165,3 +1252,4 @@ UCS_TEST_P(test_usnic_faults, timed_stream) {
 }
 
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_faults, usnic)
+_UCT_INSTANTIATE_TEST_CASE(test_usnic_stats_summary, usnic)
