@@ -11,7 +11,10 @@
 #     reliability), ucx_perftest am_bw short over usnic and over tcp;
 #   bandwidth, 8 KiB messages: am_bw bcopy over usnic and over tcp, raw
 #     kernel UDP with segmentation offload and raw libfabric datagrams;
-#   UCP tag_bw at 64 KiB and 1 MiB over usnic and tcp;
+#   goodput of the same stream when an nft rule drops 1% of the packets
+#     arriving at the receiver, against the lossless figure (not with --lo);
+#   UCP tag_bw at 64 KiB and 1 MiB over usnic and tcp, on one rail and
+#     (not with --lo) striped over two veth pairs;
 #   user-space cycles per datagram sent and received (am_bw, 8 bytes: user
 #     CPU time of each side times the CPU clock, over the datagrams);
 #   memory: RSS of a usnic am_bw client at start and end of a long stream,
@@ -54,7 +57,7 @@ done
 
 "${usnic_top}/contrib/build.sh"
 usnic_env
-usnic_apt_install gnuplot-nox
+usnic_apt_install gnuplot-nox nftables
 
 logs=${usnic_leg_dir}/bench
 mkdir -p "${logs}"
@@ -70,8 +73,13 @@ cc -O2 -Wall -o "${logs}/ep_memory" "${usnic_top}/contrib/ep_memory.c" \
     usnic_die "cannot build contrib/ep_memory.c"
 
 trap usnic_pair_cleanup EXIT
-usnic_pair_setup "${mode}"
-dev=${usnic_pair_dev}
+# Two rails between the namespaces: the second only for the two-rail rows
+if [ "${mode}" = netns ]; then
+    usnic_pair_setup netns2
+else
+    usnic_pair_setup lo
+fi
+dev=${usnic_pair_devs[0]}
 port=$((20000 + $$ % 10000))
 
 # What is measured: usnic over each provider, and tcp
@@ -79,11 +87,22 @@ variants=(kernel udp tcp)
 declare -A variant_name=([kernel]="usnic, kernel provider"
                          [udp]="usnic, libfabric udp" [tcp]="tcp")
 
+# Two-rail variants, for the UCP bandwidth rows: UCP stripes messages over
+# both veth pairs
+rail_variants=()
+[ "${mode}" = lo ] || rail_variants=(kernel2 tcp2)
+variant_name+=([kernel2]="usnic, kernel provider, 2 rails"
+               [tcp2]="tcp, 2 rails")
+rails_env="UCX_NET_DEVICES=${usnic_pair_dev} UCX_MAX_EAGER_RAILS=2"
+rails_env+=" UCX_MAX_RNDV_RAILS=2"
+
 # The environment and UCT transport of a variant
 variant_env() {
     case $1 in
-    tcp) echo "UCX_TLS=tcp" ;;
-    *)   echo "UCX_TLS=usnic UCX_USNIC_PROVIDER=$1" ;;
+    tcp)     echo "UCX_TLS=tcp" ;;
+    tcp2)    echo "UCX_TLS=tcp ${rails_env}" ;;
+    kernel2) echo "UCX_TLS=usnic UCX_USNIC_PROVIDER=kernel ${rails_env}" ;;
+    *)       echo "UCX_TLS=usnic UCX_USNIC_PROVIDER=$1" ;;
     esac
 }
 
@@ -100,7 +119,7 @@ perftest() {
     local log=$1 variant=$2 pt
     shift 2
     # shellcheck disable=SC2046 # the environment is words on purpose
-    pt=(env $(variant_env "${variant}") UCX_NET_DEVICES="${dev}"
+    pt=(env UCX_NET_DEVICES="${dev}" $(variant_env "${variant}")
         "${usnic_bin}/ucx_perftest" -p "${port}")
     case $* in
     *"-t am_"*) pt+=(-x "$(variant_tl "${variant}")" -d "${dev}") ;;
@@ -202,13 +221,15 @@ measure() {
     values+=("$(echo "${result}" | cut -d' ' -f"${field}")")
 }
 
-declare -A lat rate bw tag64k tag1m
+declare -A lat rate bw bw_loss tag64k tag1m
 raw_lat=() fi_lat=() raw_rate=() fi_rate=() raw_bw=() fi_bw=()
 send_cycles=() recv_cycles=()
 # The largest datagram libfabric's udp provider sends; 8 KiB messages
 # travel as six
 max_dgram=1472
 bw_iters=$((iters / 4))
+# Percent of the packets dropped for the goodput under loss
+loss=1
 tag_iters=$((iters / 1000 + 100))
 for run in $(seq "${repeat}"); do
     usnic_log "run ${run} of ${repeat}"
@@ -230,6 +251,16 @@ for run in $(seq "${repeat}"); do
                      -s 8192 -n "${bw_iters}")
         r=${r#* }
         bw[${v}]+=" ${r%% *}"
+        if [ "${mode}" = netns ]; then
+            usnic_pair_set_loss "${loss}"
+            r=$(perftest "${logs}/${v}_am_bw_8k_loss" "${v}" -t am_bw \
+                         -D bcopy -s 8192 -n "${bw_iters}")
+            usnic_pair_set_loss 0
+            r=${r#* }
+            bw_loss[${v}]+=" ${r%% *}"
+        fi
+    done
+    for v in "${variants[@]}" "${rail_variants[@]}"; do
         r=$(perftest "${logs}/${v}_tag_bw_64k" "${v}" -t tag_bw -s 65536 \
                      -n "$((tag_iters * 16))")
         r=${r#* }
@@ -246,11 +277,13 @@ for run in $(seq "${repeat}"); do
     done
 done
 
-# rows <associative array name> <label suffix>: one row per variant
+# rows <associative array name> <label suffix>: one row per variant that
+# has values (the three single-rail ones first)
 rows() {
     local -n values=$1
     local v
-    for v in "${variants[@]}"; do
+    for v in "${variants[@]}" "${rail_variants[@]}"; do
+        [ -n "${values[${v}]:-}" ] || continue
         # shellcheck disable=SC2086 # a list of values
         echo "${variant_name[${v}]} $2|$(median ${values[${v}]})"
     done
@@ -286,6 +319,22 @@ table "Bandwidth, 8 KiB messages, ${bw_iters} each (MB/s; higher is better; vs t
     "raw kernel UDP, 64 KiB segmentation offload|$(median "${raw_bw[@]}")" \
     "raw libfabric udp ${max_dgram}-byte datagrams|$(median "${fi_bw[@]}")" \
     "${r[@]}"
+
+if [ "${mode}" = netns ]; then
+    echo
+    echo "Goodput under loss, 8 KiB am_bw -D bcopy, ${loss}% of the packets" \
+         "arriving at the receiver dropped (nft) (MB/s; vs lossless)"
+    printf '| %-28s | %10s | %10s | %8s |\n' "what" "lossless" \
+        "${loss}% drop" "ratio"
+    printf '|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..30})" "------------" \
+        "------------" "----------"
+    for v in "${variants[@]}"; do
+        # shellcheck disable=SC2086 # lists of values
+        a=$(median ${bw[${v}]}) b=$(median ${bw_loss[${v}]})
+        printf '| %-28s | %10s | %10s | %8s |\n' "${variant_name[${v}]}" \
+            "${a}" "${b}" "$(ratio "${b}" "${a}")"
+    done
+fi
 
 mapfile -t r < <(rows tag64k "(UCP tag_bw -s 65536)")
 table "UCP tag_bw, 64 KiB messages (MB/s; higher is better; vs tcp)" \

@@ -63,6 +63,12 @@ usnic_env() {
     fi
 }
 
+# The UCX source tree the leg was configured from (UCX_SRC as a directory,
+# or the tree unpacked or fetched under build/<leg>/src)
+usnic_ucx_src() {
+    awk '$1 == "abs_top_srcdir" { print $3; exit }' "${usnic_obj}/Makefile"
+}
+
 # Whether UCX's configure found libsodium (UCX_USNIC_AUTH_KEY works)
 usnic_have_sodium() {
     grep -q '^#define HAVE_USNIC_SODIUM 1' "${usnic_obj}/config.h"

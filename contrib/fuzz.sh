@@ -33,8 +33,7 @@ done
 usnic_env
 usnic_apt_install clang libclang-rt-14-dev
 
-ucx_src=$(ls -d "${usnic_leg_dir}"/src/ucx-*/ | head -n 1)
-ucx_src=${ucx_src%/}
+ucx_src=$(usnic_ucx_src)
 fuzz_dir=${usnic_leg_dir}/fuzz
 fuzz_bin=${fuzz_dir}/fuzz_rx
 mkdir -p "${fuzz_dir}"

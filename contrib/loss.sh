@@ -3,7 +3,8 @@
 # Goodput under kernel-level loss: ucx_perftest am_bw with 8 KiB am_bcopy
 # messages across two network namespaces, first lossless, then with an nft
 # rule in the receiving (server) namespace that drops N% of the UDP
-# datagrams arriving there (usnic's data; its ACKs travel the other way).
+# datagrams (and TCP segments) arriving there: usnic's data; its ACKs
+# travel the other way.
 # Prints one table: loss, overall MB/s, share of the lossless run.
 #
 #   contrib/loss.sh [-n ITERATIONS] [-l "1 10"]
@@ -30,22 +31,10 @@ usnic_env
 
 usnic_pair_perftest loss
 
-# set_loss <percent>: replace the drop rule of the server's namespace
-set_loss() {
-    local nft=("${usnic_pair_server_pfx[@]}" nft)
-    "${nft[@]}" delete table inet usnic_loss 2>/dev/null || true
-    [ "$1" -eq 0 ] && return 0
-    "${nft[@]}" add table inet usnic_loss
-    "${nft[@]}" add chain inet usnic_loss input \
-        '{ type filter hook input priority 0; policy accept; }'
-    "${nft[@]}" add rule inet usnic_loss input \
-        meta l4proto udp numgen random mod 100 "<" "$1" drop
-}
-
 # goodput <percent>: overall MB/s of one run
 goodput() {
     local log=${logs}/am_bw_loss_$1
-    set_loss "$1"
+    usnic_pair_set_loss "$1"
     usnic_pair_run "${log}" t "${port}" "${perftest[@]}" -- \
         "${perftest[@]}" @ADDR@ -t am_bw -D bcopy -s 8192 -n "${iters}" \
         >/dev/null
@@ -61,4 +50,4 @@ for loss in ${losses}; do
     awk -v l="${loss}" -v m="${mbs}" -v b="${base}" \
         'BEGIN { printf "| %s%% | %s | %.2f |\n", l, m, m / b }'
 done
-set_loss 0
+usnic_pair_set_loss 0

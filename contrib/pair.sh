@@ -2,13 +2,19 @@
 # pair of a benchmark tool either on this host's loopback or across two
 # network namespaces.
 #
-#   usnic_pair_setup lo|netns     sets usnic_pair_dev, usnic_pair_addr and
-#                                 the command prefixes of both sides
+#   usnic_pair_setup lo|netns|netns2
+#                                 sets usnic_pair_dev, usnic_pair_addr and
+#                                 the command prefixes of both sides;
+#                                 netns2: two veth pairs (two rails, usnic0
+#                                 and usnic1), usnic_pair_dev lists both
 #   usnic_pair_run <log> <server cmd...> -- <client cmd...>
 #                                 starts the server, runs the client against
 #                                 it, waits for both; "@ADDR@" in the client
 #                                 command becomes the server's address
 #   usnic_pair_cleanup            stops what is left, removes namespaces
+#   usnic_pair_set_loss <percent> drops that share of the UDP and TCP packets
+#                                 arriving in the server's namespace (nft;
+#                                 netns mode only), 0 removes the rule
 #   usnic_pair_perftest <name>    for a usnic ucx_perftest across namespaces:
 #                                 sets it all up and sets logs (a directory
 #                                 build/<leg>/<name>), port and perftest (the
@@ -28,38 +34,46 @@ usnic_pair_setup() {
     case ${usnic_pair_mode} in
     lo)
         usnic_pair_dev=lo
+        usnic_pair_devs=(lo)
         usnic_pair_addr=127.0.0.1
         usnic_pair_server_pfx=()
         usnic_pair_client_pfx=()
         ;;
-    netns)
-        local a=usnic-srv-$$ b=usnic-cli-$$
-        usnic_pair_dev=usnic0
+    netns|netns2)
+        local a=usnic-srv-$$ b=usnic-cli-$$ rails=1 rail dev ns i
+        [ "${usnic_pair_mode}" = netns ] || rails=2
+        usnic_pair_devs=()
         usnic_pair_addr=198.18.0.1
         ip netns add "${a}" ||
             usnic_die "cannot create network namespace ${a} (needs root)"
         usnic_pair_ns+=("${a}")
         ip netns add "${b}" || usnic_die "cannot create network namespace ${b}"
         usnic_pair_ns+=("${b}")
-        ip link add "${usnic_pair_dev}" netns "${a}" type veth \
-            peer name "${usnic_pair_dev}" netns "${b}" ||
-            usnic_die "cannot create the veth pair"
-        ip -n "${a}" addr add 198.18.0.1/24 dev "${usnic_pair_dev}"
-        ip -n "${b}" addr add 198.18.0.2/24 dev "${usnic_pair_dev}"
-        local ns i
         for ns in "${a}" "${b}"; do
             ip -n "${ns}" link set lo up
-            ip -n "${ns}" link set "${usnic_pair_dev}" up
         done
-        # libfabric lists only interfaces that are running: wait for the
-        # carrier on both ends
-        for ns in "${a}" "${b}"; do
-            for i in $(seq 50); do
-                ip -n "${ns}" -o link show "${usnic_pair_dev}" |
-                    grep -q 'state UP' && break
-                sleep 0.1
+        for rail in $(seq 0 $((rails - 1))); do
+            dev=usnic${rail}
+            usnic_pair_devs+=("${dev}")
+            ip link add "${dev}" netns "${a}" type veth \
+                peer name "${dev}" netns "${b}" ||
+                usnic_die "cannot create the veth pair ${dev}"
+            ip -n "${a}" addr add "198.18.${rail}.1/24" dev "${dev}"
+            ip -n "${b}" addr add "198.18.${rail}.2/24" dev "${dev}"
+            for ns in "${a}" "${b}"; do
+                ip -n "${ns}" link set "${dev}" up
+            done
+            # libfabric lists only interfaces that are running: wait for
+            # the carrier on both ends
+            for ns in "${a}" "${b}"; do
+                for i in $(seq 50); do
+                    ip -n "${ns}" -o link show "${dev}" |
+                        grep -q 'state UP' && break
+                    sleep 0.1
+                done
             done
         done
+        usnic_pair_dev=$(IFS=,; echo "${usnic_pair_devs[*]}")
         usnic_pair_server_pfx=(ip netns exec "${a}")
         usnic_pair_client_pfx=(ip netns exec "${b}")
         ;;
@@ -127,6 +141,19 @@ usnic_pair_run() {
         tail -n 20 "${log}.server" "${log}.client" >&2
     fi
     return "${rc}"
+}
+
+usnic_pair_set_loss() {
+    local nft=("${usnic_pair_server_pfx[@]}" nft)
+    [ "${usnic_pair_mode}" != lo ] ||
+        usnic_die "loss needs the two network namespaces"
+    "${nft[@]}" delete table inet usnic_loss 2>/dev/null || true
+    [ "$1" -eq 0 ] && return 0
+    "${nft[@]}" add table inet usnic_loss
+    "${nft[@]}" add chain inet usnic_loss input \
+        '{ type filter hook input priority 0; policy accept; }'
+    "${nft[@]}" add rule inet usnic_loss input \
+        meta l4proto "{ udp, tcp }" numgen random mod 100 "<" "$1" drop
 }
 
 usnic_pair_stop_server() {

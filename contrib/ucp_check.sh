@@ -11,6 +11,12 @@
 #                                   (UCX_NET_DEVICES=lo)
 #   contrib/ucp_check.sh --netns    across two network namespaces joined by
 #                                   a veth pair (UCX_NET_DEVICES=usnic0)
+#   contrib/ucp_check.sh --netns2   joined by two veth pairs, both used
+#                                   (UCX_NET_DEVICES=usnic0,usnic1, and
+#                                   UCX_MAX_EAGER_RAILS=2,
+#                                   UCX_MAX_RNDV_RAILS=2 unless set): also
+#                                   prints the bytes each rail carried, and
+#                                   fails if one carried no message data
 #   --no-build                      do not run contrib/build.sh first (the
 #                                   leg must be built)
 #   -- ARGS                         passed to both sides of ucp_check: -n
@@ -32,9 +38,10 @@ while [ $# -gt 0 ]; do
     case $1 in
     --lo)       mode=lo ;;
     --netns)    mode=netns ;;
+    --netns2)   mode=netns2 ;;
     --no-build) build=0 ;;
     --)         shift; args=("$@"); break ;;
-    *)          usnic_die "usage: $0 [--lo|--netns] [--no-build]" \
+    *)          usnic_die "usage: $0 [--lo|--netns|--netns2] [--no-build]" \
                           "[-- ucp_check args]" ;;
     esac
     shift
@@ -59,12 +66,26 @@ port=$((20000 + $$ % 10000))
 log=${logs}/${mode}-${tls//,/_}
 run=(env UCX_TLS="${tls}" UCX_NET_DEVICES="${usnic_pair_dev}" "${bin}"
      -p "${port}")
+if [ "${mode}" = netns2 ]; then
+    run=(env UCX_MAX_EAGER_RAILS="${UCX_MAX_EAGER_RAILS:-2}"
+         UCX_MAX_RNDV_RAILS="${UCX_MAX_RNDV_RAILS:-2}" "${run[@]}")
+fi
+
+# Bytes received so far by the server side of each rail
+rail_bytes() {
+    local dev
+    for dev in "${usnic_pair_devs[@]}"; do
+        "${usnic_pair_server_pfx[@]}" cat \
+            "/sys/class/net/${dev}/statistics/rx_bytes"
+    done
+}
 
 echo "== ucp_check over ${tls} (${mode}, UCX_NET_DEVICES=${usnic_pair_dev})" \
      "${args[*]}"
 # pair.sh's own report of a failure (the tails of both logs) would repeat
 # what is printed below: keep it in a file
 rc=0
+[ "${mode}" = lo ] || mapfile -t bytes_before < <(rail_bytes)
 usnic_pair_run "${log}" t "${port}" \
     "${run[@]}" -l "${usnic_pair_addr}" "${args[@]}" -- \
     "${run[@]}" "${args[@]}" @ADDR@ 2>"${log}.run" || rc=$?
@@ -77,6 +98,20 @@ if [ "${rc}" -ne 0 ]; then
         # what else the side printed: UCX's warnings and errors
         grep -sv '^ucp_check ' "${log}.${side}" | tail -n 10 |
             sed "s/^/${side}: /" >&2 || true
+    done
+fi
+if [ "${mode}" != lo ]; then
+    mapfile -t bytes_after < <(rail_bytes)
+    for i in "${!usnic_pair_devs[@]}"; do
+        carried=$((bytes_after[i] - bytes_before[i]))
+        echo "ucp_check: ${usnic_pair_devs[i]} carried ${carried} bytes" \
+             "to the server"
+        # a rail UCP left out carries only wireup and keepalive: well
+        # under a megabyte, where the check moves hundreds
+        if [ "${mode}" = netns2 ] && [ "${carried}" -lt 1048576 ]; then
+            usnic_log "${usnic_pair_devs[i]} carried no message data"
+            rc=1
+        fi
     done
 fi
 usnic_log "logs: ${log}.server ${log}.client"

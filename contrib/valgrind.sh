@@ -26,7 +26,7 @@ usnic_apt_install valgrind
 "${usnic_top}/contrib/build.sh"
 usnic_env
 
-ucx=$(ls -d "${usnic_leg_dir}"/src/ucx-*/ | head -n 1)
+ucx=$(usnic_ucx_src)
 log=${usnic_leg_dir}/logs/valgrind.log
 netns=usnic-vg-$$
 trap 'ip netns delete "${netns}" 2>/dev/null || true' EXIT
