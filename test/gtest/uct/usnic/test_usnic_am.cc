@@ -998,7 +998,8 @@ UCS_TEST_P(test_usnic_faults, drop_20_percent) {
  * dropped, or it reached the receiver as a copy of one it had (a spurious
  * resend), or the receiver had no room to keep it. With losses only on the
  * data channel (ACKs all arrive), N dropped datagrams are N resends plus
- * whatever the receiver counted.
+ * whatever the receiver counted (over kernel: exactly; its socket buffer
+ * holds the receive queue).
  */
 UCS_TEST_P(test_usnic_faults, resends_match_drops) {
     entity *sender = stream({{"FAULT_DROP", "0.05"},
@@ -1008,9 +1009,18 @@ UCS_TEST_P(test_usnic_faults, resends_match_drops) {
     const uint64_t *receiver_drop     = usnic_iface(m_receiver)->stats.rx_drop;
     uint64_t dropped                  = injected(sender,
                                                  UCT_USNIC_FAULT_DROP);
-    uint64_t duplicates = receiver_drop[UCT_USNIC_RX_DROP_DUPLICATE];
-    uint64_t not_kept   = receiver_drop[UCT_USNIC_RX_DROP_NO_RESOURCE] +
-                          receiver_drop[UCT_USNIC_RX_DROP_OUT_OF_WINDOW];
+    uint64_t duplicates, not_kept;
+    ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(2);
+
+    /* Everything is acknowledged, but a needless resend may still be on
+     * its way to the receiver */
+    do {
+        progress();
+        duplicates = receiver_drop[UCT_USNIC_RX_DROP_DUPLICATE];
+        not_kept   = receiver_drop[UCT_USNIC_RX_DROP_NO_RESOURCE] +
+                     receiver_drop[UCT_USNIC_RX_DROP_OUT_OF_WINDOW];
+    } while (((dropped + duplicates + not_kept) < iface->stats.tx_resends) &&
+             (ucs_get_time() < deadline));
 
     UCS_TEST_MESSAGE << dropped << " datagrams dropped, "
                      << iface->stats.tx_resends << " resent ("
@@ -1020,7 +1030,13 @@ UCS_TEST_P(test_usnic_faults, resends_match_drops) {
                      << " not kept";
     EXPECT_GT(dropped, 0u);
     EXPECT_EQ(0u, injected(m_receiver, UCT_USNIC_FAULT_DROP));
-    EXPECT_EQ(dropped + duplicates + not_kept, iface->stats.tx_resends);
+    if (usnic_test::on_kernel_provider(GetParam()->md_name)) {
+        EXPECT_EQ(dropped + duplicates + not_kept, iface->stats.tx_resends);
+    } else {
+        /* libfabric's udp provider keeps the kernel's default socket
+         * buffer: a busy receiver loses datagrams there too */
+        EXPECT_LE(dropped + duplicates + not_kept, iface->stats.tx_resends);
+    }
 }
 
 /* STATS_SUMMARY: one line of counters when an iface closes, whatever the

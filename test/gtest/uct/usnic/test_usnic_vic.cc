@@ -42,8 +42,7 @@ protected:
 
     bool on_kernel_provider() const
     {
-        return GetParam()->md_name.rfind(UCT_USNIC_PROVIDER_KERNEL "_", 0) ==
-               0;
+        return usnic_test::on_kernel_provider(GetParam()->md_name);
     }
 
     static uct_usnic_iface_t *usnic_iface(entity *e)

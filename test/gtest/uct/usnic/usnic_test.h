@@ -62,6 +62,12 @@ config_modify(void *config, const std::string &name, const std::string &value)
                                      value.c_str());
 }
 
+/* Whether the MD runs on the built-in kernel provider (named "kernel_N") */
+static inline bool on_kernel_provider(const std::string &md_name)
+{
+    return md_name.rfind(UCT_USNIC_PROVIDER_KERNEL "_", 0) == 0;
+}
+
 static inline bool port_is_free(unsigned port)
 {
     struct sockaddr_in addr = {};
