@@ -195,16 +195,20 @@ median() {
 # every row's value is compared with the baseline row's, which is printed
 # among the rows where it is one of them
 table() {
-    local title=$1 unit=$2 base=${3#*|} row
+    local title=$1 unit=$2 base=${3#*|} row name width=4
     shift 3
+    for row in "$@"; do
+        name=${row%|*}
+        (( ${#name} > width )) && width=${#name}
+    done
     echo
     echo "${title}"
-    printf '| %-50s | %10s | %8s |\n' "what" "${unit}" "ratio"
-    printf '|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..52})" "------------" \
-        "----------"
+    printf '| %-*s | %10s | %8s |\n' "${width}" "what" "${unit}" "ratio"
+    printf '|%s|%s|%s|\n' "$(printf -- '-%.0s' $(seq $((width + 2))))" \
+        "------------" "----------"
     for row in "$@"; do
-        printf '| %-50s | %10s | %8s |\n' "${row%|*}" "${row#*|}" \
-            "$(ratio "${row#*|}" "${base}")"
+        printf '| %-*s | %10s | %8s |\n' "${width}" "${row%|*}" \
+            "${row#*|}" "$(ratio "${row#*|}" "${base}")"
     done
 }
 

@@ -580,7 +580,7 @@ ucs_status_t uct_usnic_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req,
     }
 
     uct_pending_req_arb_group_push(&ep->arb_group, req);
-    if (ep->tx_count + iface->config.max_bcopy_packets <= ep->cwnd) {
+    if (uct_usnic_ep_window_fits(ep, iface->config.max_bcopy_packets)) {
         /* Only the iface's buffers are short: dispatch when any frees */
         ucs_arbiter_group_schedule(&iface->arbiter, &ep->arb_group);
     }
@@ -599,7 +599,7 @@ ucs_arbiter_cb_result_t uct_usnic_ep_do_pending(ucs_arbiter_t *arbiter,
     uct_pending_req_t *req   = ucs_container_of(elem, uct_pending_req_t, priv);
     ucs_status_t status;
 
-    if (ep->tx_count + iface->config.max_bcopy_packets > ep->cwnd) {
+    if (!uct_usnic_ep_window_fits(ep, iface->config.max_bcopy_packets)) {
         return UCS_ARBITER_CB_RESULT_DESCHED_GROUP;
     }
 

@@ -21,9 +21,10 @@ enum {
     UCT_USNIC_TX_DESC_FLAG_READ    = UCS_BIT(3), /* Its user memory is a
                                                     peer's read: checked
                                                     again before a resend */
-    UCT_USNIC_TX_DESC_FLAG_AWAITED = UCS_BIT(4)  /* Last of a zcopy message:
+    UCT_USNIC_TX_DESC_FLAG_AWAITED = UCS_BIT(4), /* Last of a zcopy message:
                                                     its ACK frees user
                                                     memory */
+    UCT_USNIC_TX_DESC_FLAG_TIMED_OUT = UCS_BIT(5) /* Resent by a timeout */
 };
 
 
@@ -318,15 +319,24 @@ static UCS_F_ALWAYS_INLINE void uct_usnic_ep_deactivate(uct_usnic_ep_t *ep)
 }
 
 
-/* Whether num_packets more packets fit in the ep's (congestion) window and
- * in the iface's send buffers */
+/* Whether num_packets more packets fit in the ep's congestion window (never
+ * larger than the peer's receive window) */
+static UCS_F_ALWAYS_INLINE int
+uct_usnic_ep_window_fits(const uct_usnic_ep_t *ep, unsigned num_packets)
+{
+    return ep->tx_count + num_packets <= ep->cwnd;
+}
+
+
+/* Whether num_packets more packets fit in the ep's window and in the
+ * iface's send buffers */
 static UCS_F_ALWAYS_INLINE int uct_usnic_ep_has_room(uct_usnic_ep_t *ep,
                                                      unsigned num_packets)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
 
     /* An open bundle holds a send buffer and becomes a packet */
-    return (ep->tx_count + (ep->bundle != NULL) + num_packets <= ep->cwnd) &&
+    return uct_usnic_ep_window_fits(ep, (ep->bundle != NULL) + num_packets) &&
            (iface->tx_outstanding + num_packets <= iface->config.tx_max_bufs);
 }
 

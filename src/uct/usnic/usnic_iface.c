@@ -114,6 +114,18 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      "where sequence numbers wrap around.",
      ucs_offsetof(uct_usnic_iface_config_t, window), UCS_CONFIG_TYPE_UINT},
 
+    {"CWND_INIT", "auto",
+     "Congestion window of a new endpoint, in datagrams (at most WINDOW, at\n"
+     "least one largest message). A loss reported by a selective ACK never\n"
+     "shrinks the window below it: later datagrams arrived, so the loss is as\n"
+     "likely random as congestion. auto: 256 where the receive queue holds\n"
+     "RX_QUEUE_LEN datagrams (the kernel and usnic providers), 64 on other\n"
+     "libfabric providers (udp keeps the kernel's default socket buffer,\n"
+     "which a 256-datagram burst overflows). Lower it where many senders\n"
+     "share a congested link; raise it where one round trip carries more.",
+     ucs_offsetof(uct_usnic_iface_config_t, cwnd_init),
+     UCS_CONFIG_TYPE_ULUNITS},
+
     {"MAX_BCOPY", "60k",
      "Largest am_bcopy message; larger than a datagram, it is cut into\n"
      "datagrams and reassembled in order by the receiver, which refuses\n"
@@ -335,6 +347,9 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
          "completions per progress call"},
         {UCT_USNIC_CONFIG_VAR("WINDOW"), config->window, 16, 32768,
          "datagrams in flight per endpoint"},
+        {UCT_USNIC_CONFIG_VAR("CWND_INIT"),
+         (config->cwnd_init == UCS_ULUNITS_AUTO) ? 1 : config->cwnd_init, 1,
+         config->window, "at most WINDOW"},
         {UCT_USNIC_CONFIG_VAR("MAX_BCOPY"), config->max_bcopy, 64,
          1024 * 1024, "bytes of one am_bcopy message"},
         {UCT_USNIC_CONFIG_VAR("PUT_MAX_BCOPY"), config->put_max_bcopy, 64,
@@ -1024,6 +1039,20 @@ static void uct_usnic_iface_cleanup_buffers(uct_usnic_iface_t *iface)
     ucs_mpool_cleanup(&iface->tx_mp, 1);
 }
 
+/* The window a burst may fill at once: as large as the receiver's queue
+ * comfortably takes */
+static unsigned long
+uct_usnic_iface_cwnd_init(const uct_usnic_iface_config_t *config,
+                          const struct fi_info *info)
+{
+    if (config->cwnd_init != UCS_ULUNITS_AUTO) {
+        return config->cwnd_init;
+    }
+
+    return (!strcmp(info->fabric_attr->prov_name, UCT_USNIC_PROVIDER_KERNEL) ||
+            !strcmp(info->fabric_attr->prov_name, "usnic")) ? 256 : 64;
+}
+
 /* Sizes that follow from the configuration and the provider */
 static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
                                        const uct_iface_params_t *params,
@@ -1080,8 +1109,10 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
     iface->config.window            = config->window;
     /* The congestion window never closes below one largest message */
     iface->config.cwnd_min          = iface->config.max_bcopy_packets;
-    iface->config.cwnd_init         = ucs_min(ucs_max(64,
-                                                      iface->config.cwnd_min),
+    iface->config.cwnd_init         = ucs_min(ucs_max(
+                                              uct_usnic_iface_cwnd_init(config,
+                                                                        info),
+                                              iface->config.cwnd_min),
                                               config->window);
     iface->config.ack_freq          = config->ack_freq;
     iface->config.ack_delay         = ucs_time_from_sec(config->ack_delay);

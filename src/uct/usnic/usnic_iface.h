@@ -149,6 +149,7 @@ typedef struct uct_usnic_iface_config {
     unsigned                 rx_post_batch;
     unsigned                 max_poll;
     unsigned                 window;
+    unsigned long            cwnd_init;
     size_t                   max_bcopy;
     size_t                   put_max_bcopy;
     unsigned                 ack_freq;

@@ -177,6 +177,9 @@ typedef struct uct_usnic_ack_ext {
  * Body of a standalone ACK. A piggy-backed ACK needs neither field: it comes
  * from the incarnation of its packet's stream and never reports holes.
  */
+/* Datagrams past the first hole a selective ACK can report */
+#define UCT_USNIC_SACK_RANGE 64
+
 typedef struct uct_usnic_ack_body {
     uct_usnic_ack_ext_t ack;
     uint32_t            src_incarnation; /* Acknowledging iface */

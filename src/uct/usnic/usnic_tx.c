@@ -305,7 +305,7 @@ void uct_usnic_tx_queue_zcopy(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
 
     /* Once the window cannot take another message, the sender waits for
      * this ACK: the receiver must not hold it back */
-    if ((ep->tx_count + 1 + iface->config.max_bcopy_packets) > ep->cwnd) {
+    if (!uct_usnic_ep_window_fits(ep, 1 + iface->config.max_bcopy_packets)) {
         flags |= UCT_USNIC_PKT_FLAG_ACK_REQ;
     }
 
@@ -500,7 +500,7 @@ static void uct_usnic_tx_handle_sack(uct_usnic_iface_t *iface,
         }
 
         offset = desc->psn - ep->acked_psn - 2;
-        if ((offset < 64) && (sack & UCS_BIT(offset))) {
+        if ((offset < UCT_USNIC_SACK_RANGE) && (sack & UCS_BIT(offset))) {
             desc->flags |= UCT_USNIC_TX_DESC_FLAG_SACKED;
         } else if (!(desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED) &&
                    (uct_usnic_elapsed(now, desc->send_time) >
@@ -663,9 +663,12 @@ static unsigned uct_usnic_tx_tail_probe(uct_usnic_iface_t *iface,
  * later one that has waited as long: a burst lost at its tail leaves no
  * later datagram whose ACK would report it, and resending its datagrams one
  * per timer check made each lost burst cost a timer check per datagram.
- * Should the oldest time out again before any progress, resend also those
- * after it that the peer is not known to have, as many as the congestion
- * window (now at its minimum) allows.
+ * Only those a selective ACK could have reported, though: of the ones
+ * beyond, nobody knows, and with a window larger than that range resending
+ * them made every timeout a burst of duplicates; the ACK for the resent
+ * oldest moves the range on. Should the oldest time out again before any
+ * progress, resend also those after it that the peer is not known to have,
+ * as many as the congestion window (now at its minimum) allows.
  */
 static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
                                        uct_usnic_ep_t *ep, ucs_time_t now,
@@ -711,8 +714,12 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
                 if (desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED) {
                     uct_usnic_tx_forget_sacks(ep);
                 }
-                expired    = 1;
-                resend_all = (desc->resends > 0);
+                /* A copy resent on a selective ACK's word may simply
+                 * have been lost: only a second timeout doubts the path */
+                expired      = 1;
+                resend_all   = !!(desc->flags &
+                                  UCT_USNIC_TX_DESC_FLAG_TIMED_OUT);
+                desc->flags |= UCT_USNIC_TX_DESC_FLAG_TIMED_OUT;
                 if (resend_all &&
                     (ep->peer_stream_id != UCT_USNIC_STREAM_ID_NONE)) {
                     uct_usnic_tx_reopen(iface, ep);
@@ -733,7 +740,9 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
             continue;
         } else if (expired &&
                    (resend_all ||
-                    (uct_usnic_elapsed(now, desc->send_time) >= rto))) {
+                    ((uct_usnic_elapsed(now, desc->send_time) >= rto) &&
+                     ((uct_usnic_psn_t)(desc->psn - ep->acked_psn - 2) <
+                      UCT_USNIC_SACK_RANGE)))) {
             uct_usnic_tx_resend(iface, ep, desc, now);
             ++count;
         }

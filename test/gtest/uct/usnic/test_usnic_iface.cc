@@ -237,6 +237,8 @@ UCS_TEST_P(test_usnic_iface, bad_config_values) {
         {"WINDOW", "8"},
         {"WINDOW", "1000"},
         {"ACK_FREQ", "100000"},
+        {"CWND_INIT", "0"},
+        {"CWND_INIT", "5000"},
         {"MAX_BCOPY", "8m"},
         {"PUT_MAX_BCOPY", "8m"},
         {"ASYNC_TICK", "0"},
@@ -281,6 +283,24 @@ UCS_TEST_P(test_usnic_iface, good_config_values) {
     ASSERT_UCS_OK(open_iface("RX_QUEUE_LEN", "64", &iface));
     EXPECT_EQ(64u, ucs_derived_of(iface, uct_usnic_iface_t)
                            ->channels[UCT_USNIC_CHANNEL_DATA].rx_posted);
+    uct_iface_close(iface);
+
+    /* Never below one largest message */
+    ASSERT_UCS_OK(open_iface("CWND_INIT", "1", &iface));
+    usnic = ucs_derived_of(iface, uct_usnic_iface_t);
+    EXPECT_EQ(usnic->config.max_bcopy_packets, usnic->config.cwnd_init);
+    uct_iface_close(iface);
+}
+
+/* A libfabric udp receiver keeps the kernel's default socket buffer: a
+ * burst of 256 datagrams would overflow it */
+UCS_TEST_P(test_usnic_iface, cwnd_init_auto) {
+    uct_iface_h iface;
+
+    ASSERT_UCS_OK(open_iface("CWND_INIT", "auto", &iface));
+    EXPECT_EQ(usnic_test::on_kernel_provider(GetParam()->md_name) ? 256u :
+                                                                    64u,
+              ucs_derived_of(iface, uct_usnic_iface_t)->config.cwnd_init);
     uct_iface_close(iface);
 }
 
