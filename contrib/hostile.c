@@ -34,8 +34,9 @@
  * With -f, sends COUNT datagrams that each open a stream from a fresh
  * sender identity (random incarnation, ep serial, token and ports, the
  * genuine sender's address), to the peer's data port, incarnation and open
- * key learned from the first genuine stream-opening datagram sniffed: a
- * third keep a packet out of order, a third start a message of several
+ * key learned from the first genuine stream-opening datagram sniffed (with
+ * -w, only SECONDS after it: the streams opened meanwhile are in use when
+ * the flood comes): a third keep a packet out of order, a third start a message of several
  * datagrams, a third are probes. None delivers a message: a forger who
  * knows the open key could, and without UCX_USNIC_AUTH_KEY nothing stops
  * that; the flood is about the memory a receiver keeps.
@@ -124,6 +125,7 @@ static struct {
     unsigned      modes;
     double        rate;      /* Forged datagrams per second */
     double        seconds;
+    double        flood_wait; /* From the genuine open to the flood */
     size_t        seal_len;
     unsigned long flood;
     unsigned long sent[KIND_LAST];
@@ -474,6 +476,11 @@ static void run_flood(void)
     open = (uct_usnic_open_ext_t*)((uint8_t*)(udp + 1) + ret -
                                    hostile.seal_len - sizeof(*open));
 
+    start = now_sec();
+    while (!hostile.stop && ((now_sec() - start) < hostile.flood_wait)) {
+        usleep(10000);
+    }
+
     fprintf(stderr, "hostile: flooding %s:%u (incarnation 0x%x) with %lu "
             "stream opens\n", inet_ntoa(*(struct in_addr*)&ip->daddr),
             ntohs(udp->dest), hdr->incarnation, hostile.flood);
@@ -532,7 +539,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: hostile -i IFACE -a PEER [-m blind,offpath,aware] "
             "[-r RATE] [-t SECONDS] [-l SEAL_LEN]\n"
-            "       hostile -i IFACE -a PEER -f COUNT [-r RATE] "
+            "       hostile -i IFACE -a PEER -f COUNT [-w SECONDS] [-r RATE] "
             "[-l SEAL_LEN]\n");
     exit(2);
 }
@@ -567,7 +574,7 @@ int main(int argc, char **argv)
     int c, k, one = 1;
 
     hostile.modes = parse_modes(modes);
-    while ((c = getopt(argc, argv, "i:a:m:r:t:l:f:")) != -1) {
+    while ((c = getopt(argc, argv, "i:a:m:r:t:l:f:w:")) != -1) {
         switch (c) {
         case 'i':
             ifname = optarg;
@@ -591,6 +598,9 @@ int main(int argc, char **argv)
             break;
         case 'f':
             hostile.flood = strtoul(optarg, NULL, 0);
+            break;
+        case 'w':
+            hostile.flood_wait = atof(optarg);
             break;
         default:
             usage();
