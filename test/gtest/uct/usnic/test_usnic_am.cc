@@ -27,7 +27,7 @@ extern "C" {
  * Active messages between ifaces: every message arrives intact, exactly
  * once and in order, whatever its size.
  */
-class test_usnic_am : public uct_test {
+class test_usnic_am : public test_usnic_base {
 protected:
     static const uint8_t AM_ID     = 7;
     static const size_t RX_HEADROOM = 40;
@@ -250,15 +250,6 @@ protected:
         ++m_sent;
     }
 
-    void progress_until(const std::function<bool()> &done)
-    {
-        ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(60);
-
-        while (!done() && (ucs_get_time() < deadline)) {
-            progress();
-        }
-    }
-
     void wait_all_received()
     {
         progress_until([this]() { return m_received >= m_sent; });
@@ -462,8 +453,7 @@ UCS_TEST_P(test_usnic_am, lone_message_not_held) {
 UCS_TEST_P(test_usnic_am, stream_bcopy_held) {
     /* Back to back even where a post takes longer than the default 10 us
      * (a sanitizer build on a busy machine) */
-    modify_config("BUNDLE_DELAY", "500us", IGNORE_IF_NOT_EXIST);
-    modify_config("USNIC_BUNDLE_DELAY", "500us", IGNORE_IF_NOT_EXIST);
+    set_usnic_config("BUNDLE_DELAY", "500us");
     entity *sender            = add_sender();
     const uct_usnic_iface_t *iface =
             ucs_derived_of(sender->iface(), uct_usnic_iface_t);
@@ -739,8 +729,7 @@ protected:
          * 1.13 names the variable relative to the transport's table, 1.22
          * with the table's prefix; the tests check that it took effect */
         std::string value = ucs::to_string(TX_MAX_BUFS);
-        modify_config("TX_MAX_BUFS", value, IGNORE_IF_NOT_EXIST);
-        modify_config("USNIC_TX_MAX_BUFS", value, IGNORE_IF_NOT_EXIST);
+        set_usnic_config("TX_MAX_BUFS", value);
         test_usnic_am::init();
     }
 
@@ -889,18 +878,6 @@ protected:
         uct_test::init(); /* the test body sets the faults first */
     }
 
-    void set_usnic_config(const std::string &name, const std::string &value)
-    {
-        /* UCX 1.13 and 1.22 name the variables differently (see
-         * test_usnic_pending) */
-        modify_config(name, value, IGNORE_IF_NOT_EXIST);
-        modify_config("USNIC_" + name, value, IGNORE_IF_NOT_EXIST);
-    }
-
-    uct_usnic_iface_t *usnic_iface(entity *e)
-    {
-        return ucs_derived_of(e->iface(), uct_usnic_iface_t);
-    }
 
     /* Faults injected so far into what an iface sent */
     uint64_t injected(entity *e, uct_usnic_fault_type_t type)

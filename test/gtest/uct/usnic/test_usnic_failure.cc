@@ -24,7 +24,7 @@ extern "C" {
  * A peer that goes away: the ep fails once, within the timeout, outstanding
  * work completes with the error, and nothing hangs.
  */
-class test_usnic_failure : public uct_test {
+class test_usnic_failure : public test_usnic_base {
 protected:
     static const uint8_t AM_ID = 3;
 
@@ -37,8 +37,7 @@ protected:
     void init()
     {
         /* Both names, as in test_usnic_pending */
-        modify_config("TIMEOUT", "1s", IGNORE_IF_NOT_EXIST);
-        modify_config("USNIC_TIMEOUT", "1s", IGNORE_IF_NOT_EXIST);
+        set_usnic_config("TIMEOUT", "1s");
         uct_test::init();
 
         m_receiver = create_entity(0);
@@ -274,8 +273,7 @@ class test_usnic_failure_wakeup : public test_usnic_failure {
 protected:
     void init()
     {
-        modify_config("EVENT_FD", "y", IGNORE_IF_NOT_EXIST);
-        modify_config("USNIC_EVENT_FD", "y", IGNORE_IF_NOT_EXIST);
+        set_usnic_config("EVENT_FD", "y");
         test_usnic_failure::init();
     }
 
@@ -395,14 +393,13 @@ _UCT_INSTANTIATE_TEST_CASE(test_usnic_failure_stale_acks, usnic)
  * the old one (resent data, ACKs it owed) is dropped as stale and never
  * delivered, the endpoint to the old one fails, and new endpoints work.
  */
-class test_usnic_restart : public uct_test {
+class test_usnic_restart : public test_usnic_base {
 protected:
     static const uint8_t AM_ID = 4;
 
     void init()
     {
-        modify_config("TIMEOUT", "1s", IGNORE_IF_NOT_EXIST);
-        modify_config("USNIC_TIMEOUT", "1s", IGNORE_IF_NOT_EXIST);
+        set_usnic_config("TIMEOUT", "1s");
         uct_test::init();
 
         m_stable = create_entity(0, error_handler);
@@ -413,8 +410,7 @@ protected:
         unsigned port = usnic_test::free_port_pair();
         std::string range = ucs::to_string(port) + "-" +
                             ucs::to_string(port + 1);
-        modify_config("PORT_RANGE", range, IGNORE_IF_NOT_EXIST);
-        modify_config("USNIC_PORT_RANGE", range, IGNORE_IF_NOT_EXIST);
+        set_usnic_config("PORT_RANGE", range);
         m_peer = start_peer();
     }
 
@@ -450,10 +446,6 @@ protected:
         return UCS_OK;
     }
 
-    static uct_usnic_iface_t *usnic_iface(entity *e)
-    {
-        return ucs_derived_of(e->iface(), uct_usnic_iface_t);
-    }
 
     void send(uct_ep_h ep, uint64_t first, unsigned count)
     {
@@ -540,10 +532,7 @@ UCS_TEST_P(test_usnic_restart, new_incarnation_gets_no_stale_data) {
     EXPECT_GT(peer_iface->stats.rx_drop[UCT_USNIC_RX_DROP_STALE], 0u);
 
     /* The ep to the old incarnation fails, within the timeout plus 1 s */
-    ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(2.0);
-    while (m_failed_eps.empty() && (ucs_get_time() < deadline)) {
-        progress();
-    }
+    progress_until([this]() { return !m_failed_eps.empty(); }, 2.0);
     ASSERT_EQ(1u, m_failed_eps.size());
     EXPECT_EQ(m_stable->ep(0), m_failed_eps[0]);
 

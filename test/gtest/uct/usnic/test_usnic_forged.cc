@@ -23,7 +23,7 @@ extern "C" {
  * seen the stream's token. Nothing they send is delivered or taken as an
  * ACK; the same datagram with the token is, so the token is what stopped it.
  */
-class test_usnic_forged : public uct_test {
+class test_usnic_forged : public test_usnic_base {
 protected:
     static const uint8_t AM_ID = 9;
 
@@ -41,8 +41,7 @@ protected:
     {
         uct_test::init();
         /* Each AM goes at once, on its own */
-        modify_config("BUNDLE_DELAY", "0", IGNORE_IF_NOT_EXIST);
-        modify_config("USNIC_BUNDLE_DELAY", "0", IGNORE_IF_NOT_EXIST);
+        set_usnic_config("BUNDLE_DELAY", "0");
         m_receiver = create_entity(0);
         m_entities.push_back(m_receiver);
         m_sender = create_entity(0);
@@ -64,10 +63,6 @@ protected:
         return UCS_OK;
     }
 
-    static uct_usnic_iface_t *usnic_iface(entity *e)
-    {
-        return ucs_derived_of(e->iface(), uct_usnic_iface_t);
-    }
 
     uct_usnic_ep_t *sender_ep(unsigned index = 0)
     {
@@ -89,17 +84,6 @@ protected:
         return usnic_iface(e)->stats.rx_drop[reason];
     }
 
-    /* Progress only e until done() or 10 s have passed */
-    static bool progress_until(entity *e, const std::function<bool()> &done)
-    {
-        ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(10);
-
-        while (!done() && (ucs_get_time() < deadline)) {
-            e->progress();
-        }
-        return done();
-    }
-
     /* Send a raw datagram to e, and progress only e until it took it */
     void send_and_wait(entity *e, uct_usnic_channel_id_t id, const void *data,
                        size_t length, bool seal = true)
@@ -107,9 +91,9 @@ protected:
         uint64_t seen = usnic_test::rx_seen(usnic_iface(e));
 
         usnic_test::send_datagram(usnic_iface(e), id, data, length, seal);
-        EXPECT_TRUE(progress_until(e, [&]() {
+        EXPECT_TRUE(progress_until([&]() {
             return usnic_test::rx_seen(usnic_iface(e)) > seen;
-        }));
+        }, 10, e));
     }
 
     /* A genuine AM, delivered and acknowledged */
@@ -362,8 +346,7 @@ protected:
      * test_usnic_pending) */
     void set_key(const std::string &path)
     {
-        modify_config("AUTH_KEY", path, IGNORE_IF_NOT_EXIST);
-        modify_config("USNIC_AUTH_KEY", path, IGNORE_IF_NOT_EXIST);
+        set_usnic_config("AUTH_KEY", path);
     }
 
     /* A key file of 32 bytes from seed, readable only by its owner */
@@ -490,9 +473,9 @@ UCS_TEST_P(test_usnic_auth, different_keys_never_deliver) {
     stranger->connect(0, *m_receiver, 0);
 
     ASSERT_UCS_OK(uct_ep_am_short(stranger->ep(0), AM_ID, 7, NULL, 0));
-    EXPECT_TRUE(progress_until(m_receiver, [&]() {
+    EXPECT_TRUE(progress_until([&]() {
         return channel(m_receiver, UCT_USNIC_CHANNEL_DATA)->rx_bad_seal > 0;
-    }));
+    }, 10, m_receiver));
     short_progress_loop(100);
     EXPECT_TRUE(m_payloads.empty());
     EXPECT_EQ(0u, usnic_iface(m_receiver)->stats.rx_packets);

@@ -18,7 +18,7 @@ extern "C" {
 #include <sys/socket.h>
 
 
-class test_usnic_iface : public uct_test {
+class test_usnic_iface : public test_usnic_base {
 protected:
     void init()
     {
@@ -27,10 +27,6 @@ protected:
         m_entities.push_back(m_entity);
     }
 
-    static uct_usnic_iface_t *usnic_iface(entity *e)
-    {
-        return ucs_derived_of(e->iface(), uct_usnic_iface_t);
-    }
 
     uct_iface_params_t iface_params()
     {
@@ -102,12 +98,9 @@ protected:
 
     uint64_t wait_for_drops(uct_usnic_iface_t *iface, uint64_t expected)
     {
-        ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(10);
         uint64_t *drops = &iface->stats.rx_drop[UCT_USNIC_RX_DROP_INVALID];
 
-        while ((*drops < expected) && (ucs_get_time() < deadline)) {
-            progress();
-        }
+        progress_until([&]() { return *drops >= expected; }, 10);
         return *drops;
     }
 
@@ -446,13 +439,10 @@ protected:
     {
         uct_usnic_iface_t *iface = usnic_iface(m_entity);
         uint64_t seen            = usnic_test::rx_seen(iface);
-        ucs_time_t deadline      = ucs_get_time() + ucs_time_from_sec(10);
 
         usnic_test::send_datagram(iface, id, data, length);
-        while ((usnic_test::rx_seen(iface) == seen) &&
-               (ucs_get_time() < deadline)) {
-            progress();
-        }
+        progress_until([&]() { return usnic_test::rx_seen(iface) != seen; },
+                       10);
     }
 
     /* One wrong datagram: counted as invalid, and nothing else happens */

@@ -26,7 +26,7 @@ extern "C" {
  * Remote writes: what the key grants arrives intact and in order; anything
  * else writes no byte, is counted and reported, and leaves the sender fine.
  */
-class test_usnic_put : public uct_test {
+class test_usnic_put : public test_usnic_base {
 protected:
     static const size_t  GUARD_SIZE = 4096;
     static const size_t  REGION_SIZE = 64 * 1024;
@@ -757,9 +757,7 @@ protected:
     void random_puts_through(const std::map<std::string, std::string> &faults)
     {
         for (const auto &var : faults) {
-            modify_config(var.first, var.second, IGNORE_IF_NOT_EXIST);
-            modify_config("USNIC_" + var.first, var.second,
-                          IGNORE_IF_NOT_EXIST);
+            set_usnic_config(var.first, var.second);
         }
         create_entities();
         const uct_usnic_fault_t *fault =
@@ -795,8 +793,7 @@ UCS_TEST_P(test_usnic_put_faults, drop_20_percent) {
 }
 
 UCS_TEST_P(test_usnic_put_faults, gets_drop_10_percent) {
-    modify_config("FAULT_DROP", "0.1", IGNORE_IF_NOT_EXIST);
-    modify_config("USNIC_FAULT_DROP", "0.1", IGNORE_IF_NOT_EXIST);
+    set_usnic_config("FAULT_DROP", "0.1");
     create_entities();
     random_puts_gets(500 / ucs::test_time_multiplier());
     EXPECT_GT(ucs_derived_of(m_sender->iface(), uct_usnic_iface_t)
@@ -807,10 +804,8 @@ UCS_TEST_P(test_usnic_put_faults, gets_drop_10_percent) {
 /* The target's reply is lost, then it deregisters the memory: the resent
  * reply must not read the memory, and the requester learns the read failed */
 UCS_TEST_P(test_usnic_put_faults, get_reply_resent_after_dereg) {
-    modify_config("FAULT_DROP", "1", IGNORE_IF_NOT_EXIST);
-    modify_config("USNIC_FAULT_DROP", "1", IGNORE_IF_NOT_EXIST);
-    modify_config("FAULT_CHANNELS", "data", IGNORE_IF_NOT_EXIST);
-    modify_config("USNIC_FAULT_CHANNELS", "data", IGNORE_IF_NOT_EXIST);
+    set_usnic_config("FAULT_DROP", "1");
+    set_usnic_config("FAULT_CHANNELS", "data");
     create_entities();
     ucs_derived_of(m_sender->iface(), uct_usnic_iface_t)
             ->channels[UCT_USNIC_CHANNEL_DATA]

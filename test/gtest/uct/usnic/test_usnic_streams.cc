@@ -24,7 +24,7 @@ extern "C" {
  * STREAM_IDLE; a stream whose sender was silent for the peer timeout goes
  * anyway. A sender whose stream went opens it again, and loses nothing.
  */
-class test_usnic_streams : public uct_test {
+class test_usnic_streams : public test_usnic_base {
 protected:
     static const uint8_t  AM_ID   = 5;
     static const unsigned NUM_EPS = 3;
@@ -49,12 +49,6 @@ protected:
                                                am_handler, this, 0));
     }
 
-    /* As test_usnic_failure does: with and without the transport prefix */
-    void set_usnic_config(const std::string &name, const std::string &value)
-    {
-        modify_config(name, value, IGNORE_IF_NOT_EXIST);
-        modify_config("USNIC_" + name, value, IGNORE_IF_NOT_EXIST);
-    }
 
     /* A message: its ep index and sequence number, then a filler of
      * bytes equal to the ep index */
@@ -100,10 +94,6 @@ protected:
         return true;
     }
 
-    static uct_usnic_iface_t *usnic_iface(entity *e)
-    {
-        return ucs_derived_of(e->iface(), uct_usnic_iface_t);
-    }
 
     /* The next message of ep index; true once it was taken */
     bool post(unsigned index)
@@ -121,16 +111,14 @@ protected:
         return true;
     }
 
-    /* Progress both until done() or 10 s have passed */
-    bool progress_until(const std::function<bool()> &done)
+    /* Progress both until done() or 10 s have passed, the receiver never
+     * keeping more than its two streams */
+    bool progress_capped(const std::function<bool()> &done)
     {
-        ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(10);
-
-        while (!done() && (ucs_get_time() < deadline)) {
-            progress();
+        return progress_until([&]() {
             EXPECT_LE(usnic_iface(m_receiver)->num_streams, 2u);
-        }
-        return done();
+            return done();
+        }, 10);
     }
 
     bool delivered(unsigned index)
@@ -163,19 +151,20 @@ UCS_TEST_P(test_usnic_streams, busy_streams_stay_quiet_ones_give_way) {
 
     ASSERT_TRUE(post(0));
     ASSERT_TRUE(post(1));
-    ASSERT_TRUE(progress_until([&]() { return delivered(0) && delivered(1); }));
+    ASSERT_TRUE(progress_capped(
+            [&]() { return delivered(0) && delivered(1); }));
     EXPECT_EQ(2u, receiver->num_streams);
 
     /* A third stream, while the first two have just been busy: refused */
     ASSERT_TRUE(post(2));
-    ASSERT_TRUE(progress_until([&]() {
+    ASSERT_TRUE(progress_capped([&]() {
         return receiver->stats.rx_drop[UCT_USNIC_RX_DROP_NO_RESOURCE] > 0;
     }));
     EXPECT_FALSE(delivered(2));
     EXPECT_EQ(0u, receiver->stats.rx_streams_reclaimed);
 
     /* Once they have been quiet for STREAM_IDLE, the oldest gives way */
-    ASSERT_TRUE(progress_until([&]() { return delivered(2); }));
+    ASSERT_TRUE(progress_capped([&]() { return delivered(2); }));
     EXPECT_EQ(1u, receiver->stats.rx_streams_reclaimed);
     EXPECT_EQ(2u, receiver->num_streams);
 
@@ -185,7 +174,8 @@ UCS_TEST_P(test_usnic_streams, busy_streams_stay_quiet_ones_give_way) {
         ASSERT_TRUE(post(0));
         ASSERT_TRUE(post(1));
     }
-    ASSERT_TRUE(progress_until([&]() { return delivered(0) && delivered(1); }));
+    ASSERT_TRUE(progress_capped(
+            [&]() { return delivered(0) && delivered(1); }));
     EXPECT_GE(sender->stats.tx_reopens, 1u);
     flush();
     check_received();
@@ -199,19 +189,19 @@ UCS_TEST_P(test_usnic_streams, quiet_new_stream_gives_way) {
     uct_usnic_iface_t *sender   = usnic_iface(m_sender);
 
     ASSERT_TRUE(post(0));
-    ASSERT_TRUE(progress_until([&]() { return delivered(0); }));
+    ASSERT_TRUE(progress_capped([&]() { return delivered(0); }));
     ASSERT_UCS_OK(uct_ep_check(m_sender->ep(1), 0, NULL));
-    ASSERT_TRUE(progress_until([&]() {
+    ASSERT_TRUE(progress_capped([&]() {
         return (receiver->num_streams == 2) && (sender->tx_outstanding == 0);
     }));
 
     ASSERT_TRUE(post(2));
-    ASSERT_TRUE(progress_until([&]() { return delivered(2); }));
+    ASSERT_TRUE(progress_capped([&]() { return delivered(2); }));
     EXPECT_EQ(1u, receiver->stats.rx_streams_reclaimed);
 
     /* The stream of ep 0 stayed: its next message needs no reopening */
     ASSERT_TRUE(post(0));
-    ASSERT_TRUE(progress_until([&]() { return delivered(0); }));
+    ASSERT_TRUE(progress_capped([&]() { return delivered(0); }));
     EXPECT_EQ(0u, sender->stats.tx_reopens);
     flush();
     check_received();
@@ -221,18 +211,18 @@ UCS_TEST_P(test_usnic_streams, silent_sender_reclaimed) {
     uct_usnic_iface_t *receiver = usnic_iface(m_receiver);
 
     ASSERT_TRUE(post(0));
-    ASSERT_TRUE(progress_until([&]() { return delivered(0); }));
+    ASSERT_TRUE(progress_capped([&]() { return delivered(0); }));
     ASSERT_EQ(1u, receiver->num_streams);
 
     /* Silent for the peer timeout (1 s) */
-    ASSERT_TRUE(progress_until([&]() { return receiver->num_streams == 0; }));
+    ASSERT_TRUE(progress_capped([&]() { return receiver->num_streams == 0; }));
     EXPECT_EQ(1u, receiver->stats.rx_streams_reclaimed);
     /* With the stream, the peer's address went out of the address vector:
      * only the sender's eps hold theirs */
     EXPECT_EQ(0u, kh_size(&receiver->av.map));
 
     ASSERT_TRUE(post(0));
-    ASSERT_TRUE(progress_until([&]() { return delivered(0); }));
+    ASSERT_TRUE(progress_capped([&]() { return delivered(0); }));
     flush();
     check_received();
 }
@@ -251,7 +241,7 @@ UCS_TEST_P(test_usnic_streams, new_incarnation_supersedes) {
     m_entities.push_back(m_sender);
     m_sender->connect(0, *m_receiver, 0);
     ASSERT_TRUE(post(0));
-    ASSERT_TRUE(progress_until([&]() { return delivered(0); }));
+    ASSERT_TRUE(progress_capped([&]() { return delivered(0); }));
     flush();
     m_entities.remove(m_sender);
 
@@ -259,11 +249,11 @@ UCS_TEST_P(test_usnic_streams, new_incarnation_supersedes) {
     m_entities.push_back(m_sender);
     m_sender->connect(1, *m_receiver, 0);
     ASSERT_TRUE(post(1));
-    ASSERT_TRUE(progress_until([&]() { return delivered(1); }));
+    ASSERT_TRUE(progress_capped([&]() { return delivered(1); }));
     ASSERT_EQ(2u, receiver->num_streams);
 
     start = ucs_get_time();
-    ASSERT_TRUE(progress_until([&]() { return receiver->num_streams == 1; }));
+    ASSERT_TRUE(progress_capped([&]() { return receiver->num_streams == 1; }));
     EXPECT_LT(ucs_time_to_sec(ucs_get_time() - start), 0.9);
     EXPECT_EQ(1u, receiver->stats.rx_streams_reclaimed);
     check_received();
@@ -292,7 +282,8 @@ UCS_TEST_P(test_usnic_streams, one_reassembly_at_a_time) {
         ASSERT_LE(receiver->rx_reassembling, 1u);
     }
 
-    ASSERT_TRUE(progress_until([&]() { return delivered(0) && delivered(1); }));
+    ASSERT_TRUE(progress_capped(
+            [&]() { return delivered(0) && delivered(1); }));
     flush();
     check_received();
     EXPECT_EQ(0u, receiver->rx_reassembling);
@@ -315,7 +306,7 @@ UCS_TEST_P(test_usnic_streams, flood_of_opens) {
     const unsigned count        = 2000;
 
     ASSERT_TRUE(post(0));
-    ASSERT_TRUE(progress_until([&]() { return delivered(0); }));
+    ASSERT_TRUE(progress_capped([&]() { return delivered(0); }));
 
     for (unsigned i = 0; i < count; ++i) {
         dgram.hdr                  = usnic_test::data_hdr(
@@ -343,7 +334,7 @@ UCS_TEST_P(test_usnic_streams, flood_of_opens) {
         ASSERT_LE(kh_size(&receiver->av.map), 2u);
     }
 
-    ASSERT_TRUE(progress_until([&]() { return delivered(0); }));
+    ASSERT_TRUE(progress_capped([&]() { return delivered(0); }));
     flush();
     check_received();
     EXPECT_GT(receiver->stats.rx_drop[UCT_USNIC_RX_DROP_NO_RESOURCE], 0u);

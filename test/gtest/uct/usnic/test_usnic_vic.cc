@@ -23,7 +23,7 @@ extern "C" {
  * so that those code paths run without the hardware; and peers that do not
  * agree on the datagram size.
  */
-class test_usnic_vic : public uct_test {
+class test_usnic_vic : public test_usnic_base {
 protected:
     static const uint8_t AM_ID   = 9;
     static const size_t  PREFIX  = 64;
@@ -33,22 +33,8 @@ protected:
         uct_test::init();
     }
 
-    /* Both names, as in test_usnic_pending */
-    void set_usnic_config(const std::string &name, const std::string &value)
-    {
-        modify_config(name, value, IGNORE_IF_NOT_EXIST);
-        modify_config("USNIC_" + name, value, IGNORE_IF_NOT_EXIST);
-    }
 
-    bool on_kernel_provider() const
-    {
-        return usnic_test::on_kernel_provider(GetParam()->md_name);
-    }
 
-    static uct_usnic_iface_t *usnic_iface(entity *e)
-    {
-        return ucs_derived_of(e->iface(), uct_usnic_iface_t);
-    }
 
     static uct_usnic_md_t *usnic_md(entity *e)
     {
@@ -114,13 +100,9 @@ protected:
         return data->size();
     }
 
-    void progress_until(unsigned received)
+    void wait_received(unsigned received)
     {
-        ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(30);
-
-        while ((m_received < received) && (ucs_get_time() < deadline)) {
-            progress();
-        }
+        progress_until([&]() { return m_received >= received; }, 30);
         ASSERT_EQ(received, m_received);
     }
 
@@ -180,7 +162,7 @@ protected:
             comp.count = 0;
         }
 
-        progress_until(m_sent);
+        wait_received(m_sent);
         if (how == SEND_ZCOPY) {
             while ((comp.count > 0) && (ucs_get_time() < deadline)) {
                 progress();

@@ -9,6 +9,7 @@
 
 #include <common/test.h>
 #include <uct/api/uct.h>
+#include <uct/uct_test.h>
 
 extern "C" {
 #include <uct/usnic/usnic_ep.h>
@@ -19,6 +20,7 @@ extern "C" {
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -173,5 +175,46 @@ static inline void send_datagram(const uct_usnic_iface_t *iface,
 }
 
 } // namespace usnic_test
+
+
+/* What every usnic fixture uses, as ib/ud_base.h is for ud */
+class test_usnic_base : public uct_test {
+protected:
+    static uct_usnic_iface_t *usnic_iface(entity *e)
+    {
+        return ucs_derived_of(e->iface(), uct_usnic_iface_t);
+    }
+
+    bool on_kernel_provider() const
+    {
+        return usnic_test::on_kernel_provider(GetParam()->md_name);
+    }
+
+    /* For ifaces created from now on. UCX 1.13 names the variable relative
+     * to the transport's table, 1.22 with the table's prefix: both are
+     * set, whichever this UCX knows */
+    void set_usnic_config(const std::string &name, const std::string &value)
+    {
+        modify_config(name, value, IGNORE_IF_NOT_EXIST);
+        modify_config("USNIC_" + name, value, IGNORE_IF_NOT_EXIST);
+    }
+
+    /* Progress every entity (or only the one given) until done() holds or
+     * the time is up; whether it holds */
+    bool progress_until(const std::function<bool()> &done,
+                        double seconds = 60, entity *only = NULL)
+    {
+        ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(seconds);
+
+        while (!done() && (ucs_get_time() < deadline)) {
+            if (only != NULL) {
+                only->progress();
+            } else {
+                progress();
+            }
+        }
+        return done();
+    }
+};
 
 #endif
