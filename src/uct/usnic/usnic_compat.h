@@ -9,7 +9,7 @@
 
 /*
  * The module is written against the UCT internal API of UCX 1.22. Every
- * difference to older UCX releases (1.13 is the oldest supported one) lives
+ * difference to other UCX releases (1.13 is the oldest supported one) lives
  * in this header, so the rest of the module reads as a plain 1.22 transport.
  * UCX is told apart by UCT_API, which is generated into uct/api/version.h
  * and therefore reliable at build time. The module uses only libfabric API
@@ -25,6 +25,12 @@
 #include <ucs/datastruct/mpool.h>
 #include <ucs/sys/string.h>
 #include <ucs/sys/stubs.h>
+/* The power-of-two helpers left ucs/sys/math.h for this header (1.18 has
+ * it, 1.13 not); which release moved them is not recorded here, the header
+ * itself is the test */
+#if __has_include(<ucs/sys/ptr_arith.h>)
+#include <ucs/sys/ptr_arith.h>
+#endif
 
 #include <rdma/fabric.h>
 #include <stdarg.h>
@@ -55,7 +61,15 @@ uct_usnic_mpool_grow(const uct_iface_mpool_config_t *config, unsigned grow)
 }
 
 
-#if UCT_USNIC_UCX_GE(1, 22)
+/*
+ * Each section below is keyed on the release that brought the names it
+ * handles, and defines nothing that the UCX in use already has.
+ */
+
+/* UCX 1.14: md_query and mem_reg with v2 parameters, mkey_pack with the
+ * region, mem_attach, ep_connect_to_ep_v2, mpool parameters, mpool chunk
+ * size and grow factor in the configuration */
+#if UCT_USNIC_UCX_GE(1, 14)
 
 #define UCT_USNIC_MD_QUERY(_func)          _func
 #define UCT_USNIC_MD_QUERY_ADAPTER(_func)
@@ -63,70 +77,19 @@ uct_usnic_mpool_grow(const uct_iface_mpool_config_t *config, unsigned grow)
 #define UCT_USNIC_MEM_REG_ADAPTER(_func)
 #define UCT_USNIC_MKEY_PACK(_func)         _func
 #define UCT_USNIC_MKEY_PACK_ADAPTER(_func)
-#define UCT_USNIC_RKEY_UNPACK(_func)       _func
-#define UCT_USNIC_RKEY_UNPACK_ADAPTER(_func)
 
-/* Internal op ep_invalidate: 1.22 passes parameters, none of which we use */
-#define UCT_USNIC_EP_INVALIDATE(_func) _func##_op
-#define UCT_USNIC_EP_INVALIDATE_ADAPTER(_func) \
-    static ucs_status_t _func##_op(uct_ep_h ep, \
-                                   const uct_ep_invalidate_params_t *params) \
-    { \
-        return _func(ep); \
-    }
+#define UCT_USNIC_MD_OPS_1_14 \
+    .mem_attach = UCT_USNIC_STUB(uct_md_mem_attach_func_t, \
+                                 ucs_empty_function_return_unsupported),
 
-/* Members that exist in 1.22 only; spliced into the uct_md_ops_t initializer */
-#define UCT_USNIC_MD_OPS_VERSIONED \
-    .mem_attach    = UCT_USNIC_STUB(uct_md_mem_attach_func_t, \
-                                    ucs_empty_function_return_unsupported), \
-    .mem_elem_pack = UCT_USNIC_STUB(uct_md_mem_elem_pack_func_t, \
-                                    ucs_empty_function_return_unsupported),
-
-#define UCT_USNIC_COMPONENT_RKEY_COMPARE .rkey_compare = uct_base_rkey_compare,
+#define UCT_USNIC_IFACE_INTERNAL_OPS_1_14 \
+        .ep_connect_to_ep_v2 = UCT_USNIC_STUB(uct_ep_connect_to_ep_v2_func_t, \
+                               ucs_empty_function_return_unsupported),
 
 #define UCT_USNIC_IFACE_MPOOL_CONFIG_FIELDS(_prefix, _dfl_max, _dfl_grow, \
                                             _mp_name, _offset, _desc) \
     UCT_IFACE_MPOOL_CONFIG_FIELDS(_prefix, _dfl_max, _dfl_grow, 128m, 1.0, \
                                   _mp_name, _offset, _desc)
-
-/* ops.iface_is_reachable: UCX wraps v1 calls into the internal v2 op */
-#define UCT_USNIC_IFACE_IS_REACHABLE(_func) uct_base_iface_is_reachable
-#define UCT_USNIC_IFACE_IS_REACHABLE_ADAPTER(_func)
-
-#define UCT_USNIC_IFACE_INTERNAL_OPS(_estimate_perf, _is_reachable_v2, \
-                                     _ep_is_connected, _ep_invalidate) \
-    { \
-        .iface_query_v2        = uct_iface_base_query_v2, \
-        .iface_estimate_perf   = _estimate_perf, \
-        .iface_vfs_refresh     = UCT_USNIC_STUB(uct_iface_vfs_refresh_func_t, \
-                                                ucs_empty_function), \
-        .ep_query              = UCT_USNIC_STUB(uct_ep_query_func_t, \
-                                 ucs_empty_function_return_unsupported), \
-        .ep_invalidate         = _ep_invalidate, \
-        .ep_connect_to_ep_v2   = UCT_USNIC_STUB(uct_ep_connect_to_ep_v2_func_t, \
-                                 ucs_empty_function_return_unsupported), \
-        .iface_is_reachable_v2 = _is_reachable_v2, \
-        .ep_is_connected       = _ep_is_connected, \
-        .ep_get_device_ep      = UCT_USNIC_STUB(uct_ep_get_device_ep_func_t, \
-                                 ucs_empty_function_return_unsupported), \
-        .ep_put_sgl_zcopy      = UCT_USNIC_STUB(uct_ep_put_sgl_zcopy_func_t, \
-                                 ucs_empty_function_return_unsupported), \
-        UCT_USNIC_IFACE_INTERNAL_OPS_1_23 \
-    }
-
-/* Internal ops that UCX 1.23 adds (UCX master today); its iface constructor
- * asserts that ep_outstanding_purge is set */
-#if UCT_USNIC_UCX_GE(1, 23)
-#define UCT_USNIC_IFACE_INTERNAL_OPS_1_23 \
-        .ep_get_sgl_zcopy      = UCT_USNIC_STUB(uct_ep_get_sgl_zcopy_func_t, \
-                                 ucs_empty_function_return_unsupported), \
-        .ep_outstanding_purge  = UCT_USNIC_STUB( \
-                                 uct_ep_outstanding_purge_func_t, \
-                                 ucs_empty_function_return_unsupported),
-#else
-#define UCT_USNIC_IFACE_INTERNAL_OPS_1_23
-#endif
-
 
 static UCS_F_MAYBE_UNUSED ucs_status_t
 uct_usnic_mpool_init(ucs_mpool_t *mp, size_t priv_size, size_t elem_size,
@@ -150,9 +113,8 @@ uct_usnic_mpool_init(ucs_mpool_t *mp, size_t priv_size, size_t elem_size,
     return ucs_mpool_init(&params, mp);
 }
 
-#else /* UCX older than 1.22: 1.13 layout */
+#else
 
-/* Parameter structures that 1.13 does not have */
 typedef struct {
     uint64_t          field_mask;
     uint64_t          max_alloc;
@@ -181,29 +143,6 @@ typedef struct {
 #define UCT_MD_MEM_REG_FIELD_VALUE(_params, _name, _flag, _default) \
     (((_params)->field_mask & UCT_MD_MEM_REG_##_flag) ? \
      (_params)->_name : (_default))
-
-typedef struct {
-    uint64_t field_mask;
-} uct_rkey_unpack_params_t;
-
-
-enum {
-    UCT_EP_IS_CONNECTED_FIELD_DEVICE_ADDR = UCS_BIT(0),
-    UCT_EP_IS_CONNECTED_FIELD_IFACE_ADDR  = UCS_BIT(1)
-};
-
-typedef struct {
-    uint64_t                field_mask;
-    const uct_device_addr_t *device_addr;
-    const uct_iface_addr_t  *iface_addr;
-} uct_ep_is_connected_params_t;
-
-typedef enum {
-    UCT_IFACE_REACHABILITY_SCOPE_NETWORK,
-    UCT_IFACE_REACHABILITY_SCOPE_DEVICE
-} uct_iface_reachability_scope_t;
-
-#define UCT_IFACE_FLAG_INTER_NODE 0
 
 static UCS_F_MAYBE_UNUSED void uct_md_base_md_query(uct_md_attr_v2_t *md_attr)
 {
@@ -260,34 +199,64 @@ static UCS_F_MAYBE_UNUSED void uct_md_base_md_query(uct_md_attr_v2_t *md_attr)
         return _func(md, memh, NULL, SIZE_MAX, params, buffer); \
     }
 
-#define UCT_USNIC_RKEY_UNPACK(_func) _func##_v1
-#define UCT_USNIC_RKEY_UNPACK_ADAPTER(_func) \
-    static ucs_status_t _func##_v1(uct_component_t *component, \
-                                   const void *buffer, uct_rkey_t *rkey_p, \
-                                   void **handle_p) \
-    { \
-        uct_rkey_unpack_params_t params = {.field_mask = 0}; \
-        \
-        return _func(component, buffer, &params, rkey_p, handle_p); \
-    }
-
-#define UCT_USNIC_EP_INVALIDATE(_func) _func##_op
-#define UCT_USNIC_EP_INVALIDATE_ADAPTER(_func) \
-    static ucs_status_t _func##_op(uct_ep_h ep, unsigned flags) \
-    { \
-        return _func(ep); \
-    }
-
-#define UCT_USNIC_MD_OPS_VERSIONED \
-    .is_sockaddr_accessible = UCT_USNIC_STUB( \
-            uct_md_is_sockaddr_accessible_func_t, \
-            ucs_empty_function_return_zero_int),
-
-#define UCT_USNIC_COMPONENT_RKEY_COMPARE
+#define UCT_USNIC_MD_OPS_1_14
+#define UCT_USNIC_IFACE_INTERNAL_OPS_1_14
 
 #define UCT_USNIC_IFACE_MPOOL_CONFIG_FIELDS UCT_IFACE_MPOOL_CONFIG_FIELDS
 
-/* 1.13 has the v1 reachability op only: build the v2 parameters here */
+static UCS_F_MAYBE_UNUSED ucs_status_t
+uct_usnic_mpool_init(ucs_mpool_t *mp, size_t priv_size, size_t elem_size,
+                     size_t align_offset, size_t alignment,
+                     const uct_iface_mpool_config_t *config, unsigned grow,
+                     ucs_mpool_ops_t *ops, const char *name)
+{
+    return ucs_mpool_init(mp, priv_size, elem_size, align_offset, alignment,
+                          uct_usnic_mpool_grow(config, grow),
+                          uct_usnic_mpool_max_elems(config), ops, name);
+}
+
+#endif
+
+
+/* UCX 1.15: reachability scope */
+#if !UCT_USNIC_UCX_GE(1, 15)
+typedef enum {
+    UCT_IFACE_REACHABILITY_SCOPE_NETWORK,
+    UCT_IFACE_REACHABILITY_SCOPE_DEVICE
+} uct_iface_reachability_scope_t;
+#endif
+
+
+/* UCX 1.16: the v2 reachability and ep_is_connected internal ops, rkey
+ * comparison; is_sockaddr_accessible gone */
+#if UCT_USNIC_UCX_GE(1, 16)
+
+/* ops.iface_is_reachable: UCX wraps v1 calls into the internal v2 op */
+#define UCT_USNIC_IFACE_IS_REACHABLE(_func) uct_base_iface_is_reachable
+#define UCT_USNIC_IFACE_IS_REACHABLE_ADAPTER(_func)
+
+#define UCT_USNIC_IFACE_INTERNAL_OPS_1_16(_is_reachable_v2, _ep_is_connected) \
+        .iface_is_reachable_v2 = _is_reachable_v2, \
+        .ep_is_connected       = _ep_is_connected,
+
+#define UCT_USNIC_COMPONENT_RKEY_COMPARE .rkey_compare = uct_base_rkey_compare,
+
+#define UCT_USNIC_MD_OPS_1_16
+
+#else
+
+enum {
+    UCT_EP_IS_CONNECTED_FIELD_DEVICE_ADDR = UCS_BIT(0),
+    UCT_EP_IS_CONNECTED_FIELD_IFACE_ADDR  = UCS_BIT(1)
+};
+
+typedef struct {
+    uint64_t                field_mask;
+    const uct_device_addr_t *device_addr;
+    const uct_iface_addr_t  *iface_addr;
+} uct_ep_is_connected_params_t;
+
+/* Only the v1 reachability op: build the v2 parameters here */
 #define UCT_USNIC_IFACE_IS_REACHABLE(_func) _func##_v1
 #define UCT_USNIC_IFACE_IS_REACHABLE_ADAPTER(_func) \
     static int _func##_v1(const uct_iface_h iface, \
@@ -304,17 +273,14 @@ static UCS_F_MAYBE_UNUSED void uct_md_base_md_query(uct_md_attr_v2_t *md_attr)
         return _func(iface, &params); \
     }
 
-#define UCT_USNIC_IFACE_INTERNAL_OPS(_estimate_perf, _is_reachable_v2, \
-                                     _ep_is_connected, _ep_invalidate) \
-    { \
-        .iface_estimate_perf = _estimate_perf, \
-        .iface_vfs_refresh   = UCT_USNIC_STUB(uct_iface_vfs_refresh_func_t, \
-                                              ucs_empty_function), \
-        .ep_query            = UCT_USNIC_STUB(uct_ep_query_func_t, \
-                                 ucs_empty_function_return_unsupported), \
-        .ep_invalidate       = _ep_invalidate \
-    }
+#define UCT_USNIC_IFACE_INTERNAL_OPS_1_16(_is_reachable_v2, _ep_is_connected)
 
+#define UCT_USNIC_COMPONENT_RKEY_COMPARE
+
+#define UCT_USNIC_MD_OPS_1_16 \
+    .is_sockaddr_accessible = UCT_USNIC_STUB( \
+            uct_md_is_sockaddr_accessible_func_t, \
+            ucs_empty_function_return_zero_int),
 
 static UCS_F_MAYBE_UNUSED int
 uct_iface_is_reachable_params_valid(
@@ -338,6 +304,14 @@ uct_iface_is_reachable_params_valid(
     return 1;
 }
 
+#endif
+
+
+/* UCX 1.18: inter-node flag, reachability reasons */
+#if !UCT_USNIC_UCX_GE(1, 18)
+
+#define UCT_IFACE_FLAG_INTER_NODE 0
+
 static UCS_F_MAYBE_UNUSED UCS_F_PRINTF(2, 3) void
 uct_iface_fill_info_str_buf(const uct_iface_is_reachable_params_t *params,
                             const char *fmt, ...)
@@ -357,21 +331,118 @@ uct_iface_fill_info_str_buf(const uct_iface_is_reachable_params_t *params,
     va_end(ap);
 }
 
-static UCS_F_MAYBE_UNUSED ucs_status_t
-uct_usnic_mpool_init(ucs_mpool_t *mp, size_t priv_size, size_t elem_size,
-                     size_t align_offset, size_t alignment,
-                     const uct_iface_mpool_config_t *config, unsigned grow,
-                     ucs_mpool_ops_t *ops, const char *name)
-{
-    return ucs_mpool_init(mp, priv_size, elem_size, align_offset, alignment,
-                          uct_usnic_mpool_grow(config, grow),
-                          uct_usnic_mpool_max_elems(config), ops, name);
-}
-
-#endif /* UCX version */
+#endif
 
 
-/* Lengths of the peer's addresses: 1.22 passes them, 1.13 trusts the caller */
+/* UCX 1.19: rkey_unpack with parameters */
+#if UCT_USNIC_UCX_GE(1, 19)
+
+#define UCT_USNIC_RKEY_UNPACK(_func)       _func
+#define UCT_USNIC_RKEY_UNPACK_ADAPTER(_func)
+
+#else
+
+typedef struct {
+    uint64_t field_mask;
+} uct_rkey_unpack_params_t;
+
+#define UCT_USNIC_RKEY_UNPACK(_func) _func##_v1
+#define UCT_USNIC_RKEY_UNPACK_ADAPTER(_func) \
+    static ucs_status_t _func##_v1(uct_component_t *component, \
+                                   const void *buffer, uct_rkey_t *rkey_p, \
+                                   void **handle_p) \
+    { \
+        uct_rkey_unpack_params_t params = {.field_mask = 0}; \
+        \
+        return _func(component, buffer, &params, rkey_p, handle_p); \
+    }
+
+#endif
+
+
+/* UCX 1.20: iface_query_v2 and ep_get_device_ep internal ops */
+#if UCT_USNIC_UCX_GE(1, 20)
+#define UCT_USNIC_IFACE_INTERNAL_OPS_1_20 \
+        .iface_query_v2        = uct_iface_base_query_v2, \
+        .ep_get_device_ep      = UCT_USNIC_STUB(uct_ep_get_device_ep_func_t, \
+                                 ucs_empty_function_return_unsupported),
+#else
+#define UCT_USNIC_IFACE_INTERNAL_OPS_1_20
+#endif
+
+
+/* Internal op ep_invalidate (we use none of its arguments): UCX 1.21
+ * passes parameters, older releases flags */
+#define UCT_USNIC_EP_INVALIDATE(_func) _func##_op
+#if UCT_USNIC_UCX_GE(1, 21)
+#define UCT_USNIC_EP_INVALIDATE_ADAPTER(_func) \
+    static ucs_status_t _func##_op(uct_ep_h ep, \
+                                   const uct_ep_invalidate_params_t *params) \
+    { \
+        return _func(ep); \
+    }
+#else
+#define UCT_USNIC_EP_INVALIDATE_ADAPTER(_func) \
+    static ucs_status_t _func##_op(uct_ep_h ep, unsigned flags) \
+    { \
+        return _func(ep); \
+    }
+#endif
+
+
+/* UCX 1.22: ep_put_sgl_zcopy internal op, mem_elem_pack */
+#if UCT_USNIC_UCX_GE(1, 22)
+#define UCT_USNIC_IFACE_INTERNAL_OPS_1_22 \
+        .ep_put_sgl_zcopy      = UCT_USNIC_STUB(uct_ep_put_sgl_zcopy_func_t, \
+                                 ucs_empty_function_return_unsupported),
+#define UCT_USNIC_MD_OPS_1_22 \
+    .mem_elem_pack = UCT_USNIC_STUB(uct_md_mem_elem_pack_func_t, \
+                                    ucs_empty_function_return_unsupported),
+#else
+#define UCT_USNIC_IFACE_INTERNAL_OPS_1_22
+#define UCT_USNIC_MD_OPS_1_22
+#endif
+
+
+/* UCX 1.23 (master today): ep_get_sgl_zcopy and ep_outstanding_purge
+ * internal ops; its iface constructor asserts that the latter is set */
+#if UCT_USNIC_UCX_GE(1, 23)
+#define UCT_USNIC_IFACE_INTERNAL_OPS_1_23 \
+        .ep_get_sgl_zcopy      = UCT_USNIC_STUB(uct_ep_get_sgl_zcopy_func_t, \
+                                 ucs_empty_function_return_unsupported), \
+        .ep_outstanding_purge  = UCT_USNIC_STUB( \
+                                 uct_ep_outstanding_purge_func_t, \
+                                 ucs_empty_function_return_unsupported),
+#else
+#define UCT_USNIC_IFACE_INTERNAL_OPS_1_23
+#endif
+
+
+/* Members of uct_md_ops_t that only some releases have */
+#define UCT_USNIC_MD_OPS_VERSIONED \
+    UCT_USNIC_MD_OPS_1_14 \
+    UCT_USNIC_MD_OPS_1_16 \
+    UCT_USNIC_MD_OPS_1_22
+
+#define UCT_USNIC_IFACE_INTERNAL_OPS(_estimate_perf, _is_reachable_v2, \
+                                     _ep_is_connected, _ep_invalidate) \
+    { \
+        .iface_estimate_perf   = _estimate_perf, \
+        .iface_vfs_refresh     = UCT_USNIC_STUB(uct_iface_vfs_refresh_func_t, \
+                                                ucs_empty_function), \
+        .ep_query              = UCT_USNIC_STUB(uct_ep_query_func_t, \
+                                 ucs_empty_function_return_unsupported), \
+        .ep_invalidate         = _ep_invalidate, \
+        UCT_USNIC_IFACE_INTERNAL_OPS_1_14 \
+        UCT_USNIC_IFACE_INTERNAL_OPS_1_16(_is_reachable_v2, _ep_is_connected) \
+        UCT_USNIC_IFACE_INTERNAL_OPS_1_20 \
+        UCT_USNIC_IFACE_INTERNAL_OPS_1_22 \
+        UCT_USNIC_IFACE_INTERNAL_OPS_1_23 \
+    }
+
+
+/* Lengths of the peer's addresses: 1.18 passes them, older releases trust
+ * the caller */
 #if UCT_USNIC_UCX_GE(1, 18)
 #define UCT_USNIC_REACHABLE_LENGTH(_params, _field, _flag, _default) \
     UCS_PARAM_VALUE(UCT_IFACE_IS_REACHABLE_FIELD, _params, _field, _flag, \
