@@ -575,19 +575,15 @@ static void uct_usnic_md_close(uct_md_h uct_md)
 static uct_md_ops_t uct_usnic_md_ops = {
     .close              = uct_usnic_md_close,
     .query              = UCT_USNIC_MD_QUERY(uct_usnic_md_query),
-    .mem_alloc          = UCT_USNIC_STUB(uct_md_mem_alloc_func_t,
-                                         ucs_empty_function_return_unsupported),
-    .mem_free           = UCT_USNIC_STUB(uct_md_mem_free_func_t,
-                                         ucs_empty_function_return_unsupported),
-    .mem_advise         = UCT_USNIC_STUB(uct_md_mem_advise_func_t,
-                                         ucs_empty_function_return_unsupported),
+    .mem_alloc          = UCT_USNIC_UNSUPPORTED(uct_md_mem_alloc_func_t),
+    .mem_free           = UCT_USNIC_UNSUPPORTED(uct_md_mem_free_func_t),
+    .mem_advise         = UCT_USNIC_UNSUPPORTED(uct_md_mem_advise_func_t),
     .mem_reg            = UCT_USNIC_MEM_REG(uct_usnic_mem_reg),
     .mem_dereg          = uct_usnic_mem_dereg,
-    .mem_query          = UCT_USNIC_STUB(uct_md_mem_query_func_t,
-                                         ucs_empty_function_return_unsupported),
+    .mem_query          = UCT_USNIC_UNSUPPORTED(uct_md_mem_query_func_t),
     .mkey_pack          = UCT_USNIC_MKEY_PACK(uct_usnic_mkey_pack),
-    .detect_memory_type = UCT_USNIC_STUB(uct_md_detect_memory_type_func_t,
-                                         ucs_empty_function_return_unsupported),
+    .detect_memory_type = UCT_USNIC_UNSUPPORTED(
+            uct_md_detect_memory_type_func_t),
     UCT_USNIC_MD_OPS_VERSIONED
 };
 
@@ -908,11 +904,9 @@ ucs_status_t uct_usnic_md_query_devices(uct_md_h uct_md,
 uct_component_t uct_usnic_component = {
     .query_md_resources = uct_usnic_query_md_resources,
     .md_open            = uct_usnic_md_open,
-    .cm_open            = UCT_USNIC_STUB(uct_component_cm_open_func_t,
-                                         ucs_empty_function_return_unsupported),
+    .cm_open            = UCT_USNIC_UNSUPPORTED(uct_component_cm_open_func_t),
     .rkey_unpack        = UCT_USNIC_RKEY_UNPACK(uct_usnic_rkey_unpack),
-    .rkey_ptr           = UCT_USNIC_STUB(uct_component_rkey_ptr_func_t,
-                                         ucs_empty_function_return_unsupported),
+    .rkey_ptr           = UCT_USNIC_UNSUPPORTED(uct_component_rkey_ptr_func_t),
     .rkey_release       = uct_usnic_rkey_release,
     UCT_USNIC_COMPONENT_RKEY_COMPARE
     .name               = "usnic",
