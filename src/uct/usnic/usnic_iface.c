@@ -35,6 +35,11 @@
  * answered as closed */
 #define UCT_USNIC_PEER_CLOSE_GRACE_MS 100
 
+/* CWND_INIT=auto, in datagrams: with a receive queue of RX_QUEUE_LEN (1024
+ * by default), and with a kernel's default socket buffer (about 200 KiB) */
+#define UCT_USNIC_CWND_INIT_OWN_RXQ   256
+#define UCT_USNIC_CWND_INIT_DEFAULT   64
+
 
 /*
  * What one datagram costs with a provider, for iface_query. udp: a system
@@ -46,9 +51,9 @@ static const struct {
     double     latency;  /* One way, seconds */
     double     overhead; /* Sender CPU per datagram, seconds */
 } uct_usnic_provider_costs[] = {
-    {"usnic",  2e-6, 0.3e-6},
-    {"kernel", 6e-6, 1e-6},
-    {"udp",    7e-6, 2.5e-6}  /* also for any other provider */
+    {UCT_USNIC_PROVIDER_USNIC,  2e-6, 0.3e-6},
+    {UCT_USNIC_PROVIDER_KERNEL, 6e-6, 1e-6},
+    {"udp",                     7e-6, 2.5e-6} /* also for any other */
 };
 
 
@@ -1039,18 +1044,22 @@ static void uct_usnic_iface_cleanup_buffers(uct_usnic_iface_t *iface)
     ucs_mpool_cleanup(&iface->tx_mp, 1);
 }
 
-/* The window a burst may fill at once: as large as the receiver's queue
- * comfortably takes */
+/* The window a burst may fill at once: a quarter of the receive queue where
+ * the transport sizes it (RX_QUEUE_LEN), else what the kernel's default
+ * socket buffer holds */
 static unsigned long
 uct_usnic_iface_cwnd_init(const uct_usnic_iface_config_t *config,
                           const struct fi_info *info)
 {
+    const char *provider = info->fabric_attr->prov_name;
+
     if (config->cwnd_init != UCS_ULUNITS_AUTO) {
         return config->cwnd_init;
     }
 
-    return (!strcmp(info->fabric_attr->prov_name, UCT_USNIC_PROVIDER_KERNEL) ||
-            !strcmp(info->fabric_attr->prov_name, "usnic")) ? 256 : 64;
+    return (!strcmp(provider, UCT_USNIC_PROVIDER_KERNEL) ||
+            !strcmp(provider, UCT_USNIC_PROVIDER_USNIC)) ?
+                   UCT_USNIC_CWND_INIT_OWN_RXQ : UCT_USNIC_CWND_INIT_DEFAULT;
 }
 
 /* Sizes that follow from the configuration and the provider */

@@ -186,7 +186,8 @@ static ucs_status_t uct_usnic_fi_getinfo(const char *provider,
     ucs_status_t status;
 
     if (!strcmp(provider, UCT_USNIC_PROVIDER_AUTO)) {
-        status = uct_usnic_fi_getinfo_provider("usnic", domain_name, info_p);
+        status = uct_usnic_fi_getinfo_provider(UCT_USNIC_PROVIDER_USNIC,
+                                               domain_name, info_p);
         if (status != UCS_ERR_NO_DEVICE) {
             return status;
         }
@@ -626,7 +627,7 @@ static void uct_usnic_md_query_usnic_ext(uct_usnic_md_t *md)
     struct fi_usnic_info info;
     int ret;
 
-    if (strcmp(md->info->fabric_attr->prov_name, "usnic")) {
+    if (strcmp(md->info->fabric_attr->prov_name, UCT_USNIC_PROVIDER_USNIC)) {
         return;
     }
 

@@ -28,6 +28,7 @@
  * datagram provider by name */
 #define UCT_USNIC_PROVIDER_AUTO   "auto"
 #define UCT_USNIC_PROVIDER_KERNEL "kernel"
+#define UCT_USNIC_PROVIDER_USNIC  "usnic"  /* libfabric's, on Cisco VIC */
 
 
 typedef struct uct_usnic_md_config {
