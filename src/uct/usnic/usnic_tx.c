@@ -475,6 +475,15 @@ static void uct_usnic_tx_resend(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
     uct_usnic_tx_send_again(iface, ep, desc, now);
 }
 
+/* A datagram's bit in a selective ACK (UCT_USNIC_SACK_RANGE or more: none):
+ * bit i stands for acked_psn + 2 + i */
+static UCS_F_ALWAYS_INLINE uct_usnic_psn_t
+uct_usnic_tx_sack_offset(const uct_usnic_ep_t *ep,
+                         const uct_usnic_tx_desc_t *desc)
+{
+    return desc->psn - ep->acked_psn - 2;
+}
+
 /*
  * Selective ACK: mark what arrived beyond the first hole, and resend every
  * hole below the highest PSN that arrived: once a round trip after it was
@@ -499,7 +508,7 @@ static void uct_usnic_tx_handle_sack(uct_usnic_iface_t *iface,
             break;
         }
 
-        offset = desc->psn - ep->acked_psn - 2;
+        offset = uct_usnic_tx_sack_offset(ep, desc);
         if ((offset < UCT_USNIC_SACK_RANGE) && (sack & UCS_BIT(offset))) {
             desc->flags |= UCT_USNIC_TX_DESC_FLAG_SACKED;
         } else if (!(desc->flags & UCT_USNIC_TX_DESC_FLAG_SACKED) &&
@@ -741,7 +750,7 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
         } else if (expired &&
                    (resend_all ||
                     ((uct_usnic_elapsed(now, desc->send_time) >= rto) &&
-                     ((uct_usnic_psn_t)(desc->psn - ep->acked_psn - 2) <
+                     (uct_usnic_tx_sack_offset(ep, desc) <
                       UCT_USNIC_SACK_RANGE)))) {
             uct_usnic_tx_resend(iface, ep, desc, now);
             ++count;
