@@ -40,14 +40,6 @@
 #define UCT_USNIC_UCX_GE(_major, _minor) \
     (UCT_API >= UCT_VERSION(_major, _minor))
 
-/* Casting a UCS stub keeps designated initializers warning-free on both
- * versions: 1.13 declares the stubs without a prototype, 1.22 as (void). */
-#define UCT_USNIC_STUB(_type, _func) ((_type)(_func))
-
-/* An operation the transport does not support */
-#define UCT_USNIC_UNSUPPORTED(_type) \
-    UCT_USNIC_STUB(_type, ucs_empty_function_return_unsupported)
-
 
 static UCS_F_MAYBE_UNUSED unsigned
 uct_usnic_mpool_max_elems(const uct_iface_mpool_config_t *config)
@@ -83,11 +75,12 @@ uct_usnic_mpool_grow(const uct_iface_mpool_config_t *config, unsigned grow)
 #define UCT_USNIC_MKEY_PACK_ADAPTER(_func)
 
 #define UCT_USNIC_MD_OPS_1_14 \
-    .mem_attach = UCT_USNIC_UNSUPPORTED(uct_md_mem_attach_func_t),
+    .mem_attach = (uct_md_mem_attach_func_t) \
+            ucs_empty_function_return_unsupported,
 
 #define UCT_USNIC_IFACE_INTERNAL_OPS_1_14 \
-        .ep_connect_to_ep_v2 = \
-                UCT_USNIC_UNSUPPORTED(uct_ep_connect_to_ep_v2_func_t),
+        .ep_connect_to_ep_v2 = (uct_ep_connect_to_ep_v2_func_t) \
+                ucs_empty_function_return_unsupported,
 
 #define UCT_USNIC_IFACE_MPOOL_CONFIG_FIELDS(_prefix, _dfl_max, _dfl_grow, \
                                             _mp_name, _offset, _desc) \
@@ -281,9 +274,8 @@ typedef struct {
 #define UCT_USNIC_COMPONENT_RKEY_COMPARE
 
 #define UCT_USNIC_MD_OPS_1_16 \
-    .is_sockaddr_accessible = UCT_USNIC_STUB( \
-            uct_md_is_sockaddr_accessible_func_t, \
-            ucs_empty_function_return_zero_int),
+    .is_sockaddr_accessible = (uct_md_is_sockaddr_accessible_func_t) \
+            ucs_empty_function_return_zero_int,
 
 static UCS_F_MAYBE_UNUSED int
 uct_iface_is_reachable_params_valid(
@@ -367,8 +359,8 @@ typedef struct {
 #if UCT_USNIC_UCX_GE(1, 20)
 #define UCT_USNIC_IFACE_INTERNAL_OPS_1_20 \
         .iface_query_v2        = uct_iface_base_query_v2, \
-        .ep_get_device_ep      = \
-                UCT_USNIC_UNSUPPORTED(uct_ep_get_device_ep_func_t),
+        .ep_get_device_ep      = (uct_ep_get_device_ep_func_t) \
+                ucs_empty_function_return_unsupported,
 #else
 #define UCT_USNIC_IFACE_INTERNAL_OPS_1_20
 #endif
@@ -396,10 +388,11 @@ typedef struct {
 /* UCX 1.22: ep_put_sgl_zcopy internal op, mem_elem_pack */
 #if UCT_USNIC_UCX_GE(1, 22)
 #define UCT_USNIC_IFACE_INTERNAL_OPS_1_22 \
-        .ep_put_sgl_zcopy      = \
-                UCT_USNIC_UNSUPPORTED(uct_ep_put_sgl_zcopy_func_t),
+        .ep_put_sgl_zcopy      = (uct_ep_put_sgl_zcopy_func_t) \
+                ucs_empty_function_return_unsupported,
 #define UCT_USNIC_MD_OPS_1_22 \
-    .mem_elem_pack = UCT_USNIC_UNSUPPORTED(uct_md_mem_elem_pack_func_t),
+    .mem_elem_pack = (uct_md_mem_elem_pack_func_t) \
+            ucs_empty_function_return_unsupported,
 #else
 #define UCT_USNIC_IFACE_INTERNAL_OPS_1_22
 #define UCT_USNIC_MD_OPS_1_22
@@ -410,10 +403,10 @@ typedef struct {
  * internal ops; its iface constructor asserts that the latter is set */
 #if UCT_USNIC_UCX_GE(1, 23)
 #define UCT_USNIC_IFACE_INTERNAL_OPS_1_23 \
-        .ep_get_sgl_zcopy      = \
-                UCT_USNIC_UNSUPPORTED(uct_ep_get_sgl_zcopy_func_t), \
-        .ep_outstanding_purge  = \
-                UCT_USNIC_UNSUPPORTED(uct_ep_outstanding_purge_func_t),
+        .ep_get_sgl_zcopy      = (uct_ep_get_sgl_zcopy_func_t) \
+                ucs_empty_function_return_unsupported, \
+        .ep_outstanding_purge  = (uct_ep_outstanding_purge_func_t) \
+                ucs_empty_function_return_unsupported,
 #else
 #define UCT_USNIC_IFACE_INTERNAL_OPS_1_23
 #endif
@@ -425,20 +418,14 @@ typedef struct {
     UCT_USNIC_MD_OPS_1_16 \
     UCT_USNIC_MD_OPS_1_22
 
-#define UCT_USNIC_IFACE_INTERNAL_OPS(_estimate_perf, _is_reachable_v2, \
-                                     _ep_is_connected, _ep_invalidate) \
-    { \
-        .iface_estimate_perf   = _estimate_perf, \
-        .iface_vfs_refresh     = UCT_USNIC_STUB(uct_iface_vfs_refresh_func_t, \
-                                                ucs_empty_function), \
-        .ep_query              = UCT_USNIC_UNSUPPORTED(uct_ep_query_func_t), \
-        .ep_invalidate         = _ep_invalidate, \
-        UCT_USNIC_IFACE_INTERNAL_OPS_1_14 \
-        UCT_USNIC_IFACE_INTERNAL_OPS_1_16(_is_reachable_v2, _ep_is_connected) \
-        UCT_USNIC_IFACE_INTERNAL_OPS_1_20 \
-        UCT_USNIC_IFACE_INTERNAL_OPS_1_22 \
-        UCT_USNIC_IFACE_INTERNAL_OPS_1_23 \
-    }
+/* Members of uct_iface_internal_ops_t that only some releases have */
+#define UCT_USNIC_IFACE_INTERNAL_OPS_VERSIONED(_is_reachable_v2, \
+                                               _ep_is_connected) \
+    UCT_USNIC_IFACE_INTERNAL_OPS_1_14 \
+    UCT_USNIC_IFACE_INTERNAL_OPS_1_16(_is_reachable_v2, _ep_is_connected) \
+    UCT_USNIC_IFACE_INTERNAL_OPS_1_20 \
+    UCT_USNIC_IFACE_INTERNAL_OPS_1_22 \
+    UCT_USNIC_IFACE_INTERNAL_OPS_1_23
 
 
 /* Lengths of the peer's addresses: 1.18 passes them, older releases trust

@@ -1296,12 +1296,15 @@ static uct_iface_ops_t uct_usnic_iface_ops = {
 
 UCT_USNIC_EP_INVALIDATE_ADAPTER(uct_usnic_ep_invalidate)
 
-static uct_iface_internal_ops_t uct_usnic_iface_internal_ops =
-        UCT_USNIC_IFACE_INTERNAL_OPS(uct_base_iface_estimate_perf,
-                                     uct_usnic_iface_is_reachable_v2,
-                                     uct_usnic_ep_is_connected,
-                                     UCT_USNIC_EP_INVALIDATE(
-                                             uct_usnic_ep_invalidate));
+static uct_iface_internal_ops_t uct_usnic_iface_internal_ops = {
+    .iface_estimate_perf = uct_base_iface_estimate_perf,
+    .iface_vfs_refresh   = (uct_iface_vfs_refresh_func_t)ucs_empty_function,
+    .ep_query            = (uct_ep_query_func_t)
+            ucs_empty_function_return_unsupported,
+    .ep_invalidate       = UCT_USNIC_EP_INVALIDATE(uct_usnic_ep_invalidate),
+    UCT_USNIC_IFACE_INTERNAL_OPS_VERSIONED(uct_usnic_iface_is_reachable_v2,
+                                           uct_usnic_ep_is_connected)
+};
 
 static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
                            uct_worker_h worker,

@@ -576,15 +576,19 @@ static void uct_usnic_md_close(uct_md_h uct_md)
 static uct_md_ops_t uct_usnic_md_ops = {
     .close              = uct_usnic_md_close,
     .query              = UCT_USNIC_MD_QUERY(uct_usnic_md_query),
-    .mem_alloc          = UCT_USNIC_UNSUPPORTED(uct_md_mem_alloc_func_t),
-    .mem_free           = UCT_USNIC_UNSUPPORTED(uct_md_mem_free_func_t),
-    .mem_advise         = UCT_USNIC_UNSUPPORTED(uct_md_mem_advise_func_t),
+    .mem_alloc          = (uct_md_mem_alloc_func_t)
+            ucs_empty_function_return_unsupported,
+    .mem_free           = (uct_md_mem_free_func_t)
+            ucs_empty_function_return_unsupported,
+    .mem_advise         = (uct_md_mem_advise_func_t)
+            ucs_empty_function_return_unsupported,
     .mem_reg            = UCT_USNIC_MEM_REG(uct_usnic_mem_reg),
     .mem_dereg          = uct_usnic_mem_dereg,
-    .mem_query          = UCT_USNIC_UNSUPPORTED(uct_md_mem_query_func_t),
+    .mem_query          = (uct_md_mem_query_func_t)
+            ucs_empty_function_return_unsupported,
     .mkey_pack          = UCT_USNIC_MKEY_PACK(uct_usnic_mkey_pack),
-    .detect_memory_type = UCT_USNIC_UNSUPPORTED(
-            uct_md_detect_memory_type_func_t),
+    .detect_memory_type = (uct_md_detect_memory_type_func_t)
+            ucs_empty_function_return_unsupported,
     UCT_USNIC_MD_OPS_VERSIONED
 };
 
@@ -905,9 +909,11 @@ ucs_status_t uct_usnic_md_query_devices(uct_md_h uct_md,
 uct_component_t uct_usnic_component = {
     .query_md_resources = uct_usnic_query_md_resources,
     .md_open            = uct_usnic_md_open,
-    .cm_open            = UCT_USNIC_UNSUPPORTED(uct_component_cm_open_func_t),
+    .cm_open            = (uct_component_cm_open_func_t)
+            ucs_empty_function_return_unsupported,
     .rkey_unpack        = UCT_USNIC_RKEY_UNPACK(uct_usnic_rkey_unpack),
-    .rkey_ptr           = UCT_USNIC_UNSUPPORTED(uct_component_rkey_ptr_func_t),
+    .rkey_ptr           = (uct_component_rkey_ptr_func_t)
+            ucs_empty_function_return_unsupported,
     .rkey_release       = uct_usnic_rkey_release,
     UCT_USNIC_COMPONENT_RKEY_COMPARE
     .name               = "usnic",
@@ -921,6 +927,6 @@ uct_component_t uct_usnic_component = {
     .tl_list            = UCT_COMPONENT_TL_LIST_INITIALIZER(
                                   &uct_usnic_component),
     .flags              = 0,
-    .md_vfs_init        = UCT_USNIC_STUB(uct_component_md_vfs_init_func_t,
-                                         ucs_empty_function)
+    .md_vfs_init        = (uct_component_md_vfs_init_func_t)
+            ucs_empty_function
 };
