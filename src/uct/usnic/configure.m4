@@ -5,9 +5,10 @@
 
 #
 # usnic transport: reliable, ordered AM and PUT over libfabric datagram
-# endpoints (FI_EP_DGRAM). Needs libfabric, and xxHash for the checksum of
-# every datagram; libsodium, if found, gives the MAC of UCX_USNIC_AUTH_KEY;
-# libfabric's usnic extension header, if installed, the VIC's link facts.
+# endpoints (FI_EP_DGRAM). Needs libfabric, xxHash for the checksum of
+# every datagram and hwloc for the devices' locality; libsodium, if found,
+# gives the MAC of UCX_USNIC_AUTH_KEY; libfabric's usnic extension header,
+# if installed, the VIC's link facts.
 #
 usnic_happy="no"
 AC_ARG_WITH([usnic],
@@ -48,7 +49,15 @@ AS_IF([test "x$with_usnic" != xno],
                                             [usnic_missing="xxHash library (XXH3_64bits in -lxxhash)"])],
                               [usnic_missing="xxHash headers (xxhash.h)"])])
 
-       usnic_libs="-lfabric -lxxhash"
+       AS_IF([test "x$usnic_happy" = xyes],
+             [usnic_happy="no"
+              AC_CHECK_HEADER([hwloc.h],
+                              [AC_CHECK_LIB([hwloc], [hwloc_topology_load],
+                                            [usnic_happy="yes"],
+                                            [usnic_missing="hwloc library (hwloc_topology_load in -lhwloc)"])],
+                              [usnic_missing="hwloc headers (hwloc.h)"])])
+
+       usnic_libs="-lfabric -lxxhash -lhwloc"
        usnic_sodium=0
        AS_IF([test "x$usnic_happy" = xyes],
              [AC_CHECK_HEADER([sodium.h],
@@ -80,7 +89,7 @@ AS_IF([test "x$with_usnic" != xno],
               AC_SUBST([USNIC_LIBS], ["$usnic_libs"])
               AC_DEFINE([HAVE_TL_USNIC], [1], [usnic transport support])],
              [AS_IF([test "x$with_usnic" != xguess],
-                    [AC_MSG_ERROR([usnic transport requested but $usnic_missing not found; install libfabric-dev and libxxhash-dev, or pass --with-usnic=DIR])],
+                    [AC_MSG_ERROR([usnic transport requested but $usnic_missing not found; install libfabric-dev, libxxhash-dev and libhwloc-dev, or pass --with-usnic=DIR])],
                     [AC_MSG_WARN([usnic transport disabled: $usnic_missing not found])])])
       ])
 

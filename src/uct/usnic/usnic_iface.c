@@ -876,7 +876,9 @@ static void uct_usnic_iface_init_costs(uct_usnic_iface_t *iface,
         }
     }
 
-    iface->latency   = uct_usnic_provider_costs[i].latency;
+    iface->latency   = uct_usnic_provider_costs[i].latency +
+                       (md->prefer_nearest_device ?
+                                uct_usnic_topo_dev_latency(&md->topo) : 0);
     iface->overhead  = uct_usnic_provider_costs[i].overhead;
     /* The link, or one datagram per overhead on each side if that is less */
     iface->bandwidth = ucs_min(((md->link_speed > 0) ? md->link_speed :

@@ -52,6 +52,13 @@ static ucs_config_field_t uct_usnic_md_config_table[] = {
      "usnic provider offers, on any libfabric provider.",
      ucs_offsetof(uct_usnic_md_config_t, force_av_map), UCS_CONFIG_TYPE_BOOL},
 
+    {"PREFER_NEAREST_DEVICE", "y",
+     "Report a higher latency for a device attached to a NUMA node other than\n"
+     "the one of the thread that opens the interface (found with hwloc), so\n"
+     "that UCP prefers nearer devices.",
+     ucs_offsetof(uct_usnic_md_config_t, prefer_nearest_device),
+     UCS_CONFIG_TYPE_BOOL},
+
     {NULL}
 };
 
@@ -569,6 +576,7 @@ static void uct_usnic_md_close(uct_md_h uct_md)
     uct_usnic_md_close_domain(md);
     ucs_ptr_array_cleanup(&md->regs, 1);
     ucs_spinlock_destroy(&md->regs_lock);
+    uct_usnic_topo_dev_cleanup(&md->topo);
     fi_freeinfo(md->info);
     ucs_free(md);
 }
@@ -779,6 +787,8 @@ uct_usnic_md_open(uct_component_t *component, const char *md_name,
 
     ucs_ptr_array_init(&md->regs, "usnic_regs");
     uct_usnic_md_query_usnic_ext(md);
+    uct_usnic_topo_dev_init(&md->topo, md->info);
+    md->prefer_nearest_device = md_config->prefer_nearest_device;
     md->super.ops        = &uct_usnic_md_ops;
     md->super.component  = &uct_usnic_component;
     *md_p                = &md->super;
@@ -902,7 +912,7 @@ ucs_status_t uct_usnic_md_query_devices(uct_md_h uct_md,
 
     return uct_single_device_resource(uct_md, md->info->domain_attr->name,
                                       UCT_DEVICE_TYPE_NET,
-                                      UCS_SYS_DEVICE_ID_UNKNOWN, devices_p,
+                                      md->topo.sys_device, devices_p,
                                       num_devices_p);
 }
 

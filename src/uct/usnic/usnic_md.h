@@ -8,6 +8,7 @@
 #define UCT_USNIC_MD_H
 
 #include "usnic_compat.h"
+#include "usnic_topo.h"
 
 #include <ucs/datastruct/khash.h>
 #include <ucs/datastruct/mpool.h>
@@ -36,6 +37,7 @@ typedef struct uct_usnic_md_config {
     char            *provider; /* libfabric provider, "kernel" or "auto" */
     int             force_mr_local;
     int             force_av_map;
+    int             prefer_nearest_device;
 } uct_usnic_md_config_t;
 
 
@@ -49,20 +51,23 @@ typedef struct uct_usnic_md_config {
  * their endpoints on it.
  */
 typedef struct uct_usnic_md {
-    uct_md_t           super;
-    struct fi_info     *info;   /* Description of the domain */
-    int                kernel;  /* Built-in kernel provider: no fabric and
-                                   no domain */
-    struct fid_fabric  *fabric;
-    struct fid_domain  *domain;
-    int                mr_local; /* Provider needs local registration */
-    int                force_mr_local; /* ... or a test switch wants it */
-    uint64_t           next_mr_key; /* For providers without FI_MR_PROV_KEY */
-    double             link_speed; /* bits/s, 0 unless the provider tells */
-    uint8_t            prefix_len; /* Subnet from the provider, or
-                                      UCT_USNIC_PREFIX_LEN_UNKNOWN */
-    ucs_ptr_array_t    regs;     /* Registration id -> uct_usnic_memh_t */
-    ucs_spinlock_t     regs_lock; /* Registrations vs. remote writes */
+    uct_md_t             super;
+    struct fi_info       *info;   /* Description of the domain */
+    int                  kernel;  /* Built-in kernel provider: no fabric and
+                                     no domain */
+    struct fid_fabric    *fabric;
+    struct fid_domain    *domain;
+    int                  mr_local; /* Provider needs local registration */
+    int                  force_mr_local; /* ... or a test switch wants it */
+    uint64_t             next_mr_key; /* Without FI_MR_PROV_KEY */
+    double               link_speed; /* bits/s, 0 unless the provider tells */
+    uint8_t              prefix_len; /* Subnet from the provider, or
+                                        UCT_USNIC_PREFIX_LEN_UNKNOWN */
+    ucs_ptr_array_t      regs;     /* Registration id -> uct_usnic_memh_t */
+    ucs_spinlock_t       regs_lock; /* Registrations vs. remote writes */
+    uct_usnic_topo_dev_t topo;     /* Where the device sits */
+    int                  prefer_nearest_device; /* Far devices report a
+                                                   higher latency */
 } uct_usnic_md_t;
 
 
