@@ -580,8 +580,9 @@ ucs_status_t uct_usnic_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req,
     }
 
     uct_pending_req_arb_group_push(&ep->arb_group, req);
-    if (uct_usnic_ep_window_fits(ep, iface->config.max_bcopy_packets)) {
-        /* Only the iface's buffers are short: dispatch when any frees */
+    if (uct_usnic_ep_window_fits(ep, 1)) {
+        /* The request may fit the window: try it when iface buffers free
+         * up, in turn with the other eps; a full window waits for an ACK */
         ucs_arbiter_group_schedule(&iface->arbiter, &ep->arb_group);
     }
     UCT_TL_EP_STAT_PEND(&ep->super);
@@ -599,16 +600,16 @@ ucs_arbiter_cb_result_t uct_usnic_ep_do_pending(ucs_arbiter_t *arbiter,
     uct_pending_req_t *req   = ucs_container_of(elem, uct_pending_req_t, priv);
     ucs_status_t status;
 
-    if (!uct_usnic_ep_window_fits(ep, iface->config.max_bcopy_packets)) {
-        return UCS_ARBITER_CB_RESULT_DESCHED_GROUP;
-    }
-
     if (iface->tx_outstanding + iface->config.max_bcopy_packets >
         iface->config.tx_max_bufs) {
         return UCS_ARBITER_CB_RESULT_STOP;
     }
 
-    status = req->func(req);
+    /* The request's size is unknown here: it tries whenever one packet
+     * fits the window, or a short request would wait for this ep's ACKs
+     * while other eps send all of theirs */
+    status = uct_usnic_ep_window_fits(ep, 1) ? req->func(req) :
+                                               UCS_ERR_NO_RESOURCE;
     if (status == UCS_OK) {
         return UCS_ARBITER_CB_RESULT_REMOVE_ELEM;
     } else if (status == UCS_INPROGRESS) {
@@ -616,6 +617,7 @@ ucs_arbiter_cb_result_t uct_usnic_ep_do_pending(ucs_arbiter_t *arbiter,
         return UCS_ARBITER_CB_RESULT_NEXT_GROUP;
     }
 
+    /* Out of window, or failed: an ACK or the error handler reschedules */
     return UCS_ARBITER_CB_RESULT_DESCHED_GROUP;
 }
 
