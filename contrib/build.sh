@@ -7,6 +7,8 @@
 #   UCX_SRC=<dir|tarball> contrib/build.sh
 #   UCX_SRC=... LIBFABRIC_SRC=<dir|tarball> contrib/build.sh
 #   USNIC_ASAN=1 contrib/build.sh        any of the above, with AddressSanitizer
+#   USNIC_STATS=1 contrib/build.sh       any of the above, with UCX statistics
+#                                         (--enable-stats)
 #   contrib/build.sh --system             only the module, for the distribution's
 #                                         installed UCX (libucx0): built from that
 #                                         version's source with its configure
@@ -30,6 +32,9 @@ if [ "${USNIC_ASAN:-0}" = 1 ]; then
     asan_flags="-g -O2 -fsanitize=address -fno-omit-frame-pointer"
     ucx_configure_args+=("CFLAGS='${asan_flags}'" "CXXFLAGS='${asan_flags}'"
                          "LDFLAGS=-fsanitize=address")
+fi
+if [ "${USNIC_STATS:-0}" = 1 ]; then
+    ucx_configure_args+=(--enable-stats)
 fi
 # GCC 12 flags a use-after-free in UCX's own gtest sources (ucm/malloc_hook.cc):
 # keep that one a warning; everything else still builds with -Werror

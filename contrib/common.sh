@@ -8,6 +8,8 @@
 #                  system libfabric (Debian's libfabric-dev)
 #   USNIC_ASAN=1   build UCX, the module and the tests with AddressSanitizer,
 #                  in a leg of its own (<leg>-asan)
+#   USNIC_STATS=1  build UCX with statistics (--enable-stats: UCX_STATS_DEST),
+#                  in a leg of its own (<leg>-stats)
 
 usnic_top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 usnic_build=${usnic_top}/build
@@ -46,6 +48,9 @@ fi
 
 if [ "${USNIC_ASAN:-0}" = 1 ]; then
     usnic_leg=${usnic_leg}-asan
+fi
+if [ "${USNIC_STATS:-0}" = 1 ]; then
+    usnic_leg=${usnic_leg}-stats
 fi
 
 usnic_leg_dir=${usnic_build}/${usnic_leg}

@@ -109,7 +109,7 @@ ucs_status_t uct_usnic_bundle_am(uct_usnic_ep_t *ep, uint8_t id,
                                                 sizeof(*header) : 0),
                       SIZE_MAX);
     ep->bundle->length += rec_len;
-    ++iface->stats.tx_bundled;
+    UCT_USNIC_IFACE_STAT_ADD(iface, TX_BUNDLED, 1);
     uct_usnic_iface_leave(iface);
 
     uct_iface_trace_am(&iface->super, UCT_AM_TRACE_TYPE_SEND, id, data,
@@ -190,7 +190,7 @@ void uct_usnic_bundle_post_msg(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first,
 
     ep->held_count += count;
     ep->post_time   = now;
-    ++iface->stats.tx_held;
+    UCT_USNIC_IFACE_STAT_ADD(iface, TX_HELD, 1);
 }
 
 uct_usnic_tx_desc_t *uct_usnic_bundle_take_held(uct_usnic_ep_t *ep)

@@ -45,6 +45,22 @@ uct_usnic_ep_check_mtu(uct_usnic_iface_t *iface,
     return UCS_ERR_UNREACHABLE;
 }
 
+#ifdef ENABLE_STATS
+static ucs_stats_class_t uct_usnic_ep_stats_class = {
+    .name          = "usnic_ep",
+    .num_counters  = UCT_USNIC_EP_STAT_LAST,
+    .class_id      = UCS_STATS_CLASS_ID_INVALID,
+    .counter_names = {
+        [UCT_USNIC_EP_STAT_TX_PACKETS]     = "tx_packets",
+        [UCT_USNIC_EP_STAT_TX_RESENDS]     = "tx_resends",
+        [UCT_USNIC_EP_STAT_TX_TIMEOUTS]    = "tx_timeouts",
+        [UCT_USNIC_EP_STAT_TX_TAIL_PROBES] = "tx_tail_probes",
+        [UCT_USNIC_EP_STAT_TX_REOPENS]     = "tx_reopens",
+        [UCT_USNIC_EP_STAT_RX_ACKS]        = "rx_acks"
+    }
+};
+#endif
+
 UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
                     int internal)
 {
@@ -85,6 +101,14 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
                                        if_addr->ports[UCT_USNIC_CHANNEL_DATA],
                                        &self->peer_fi_addr);
     if (status != UCS_OK) {
+        return status;
+    }
+
+    status = UCS_STATS_NODE_ALLOC(&self->stats_node, &uct_usnic_ep_stats_class,
+                                  self->super.stats, "-%p", self);
+    if (status != UCS_OK) {
+        uct_usnic_iface_av_remove(iface, dev_addr->in_addr,
+                                  if_addr->ports[UCT_USNIC_CHANNEL_DATA]);
         return status;
     }
 
@@ -164,6 +188,7 @@ UCS_CLASS_CLEANUP_FUNC(uct_usnic_ep_t)
     uct_usnic_iface_av_remove(
             iface, self->peer_dev_addr.in_addr,
             self->peer_iface_addr.ports[UCT_USNIC_CHANNEL_DATA]);
+    UCS_STATS_NODE_FREE(self->stats_node);
     uct_usnic_iface_leave(iface);
 }
 

@@ -69,6 +69,18 @@ typedef struct uct_usnic_flush_req {
 } uct_usnic_flush_req_t;
 
 
+/* What an ep counts (with --enable-stats), besides its iface */
+enum {
+    UCT_USNIC_EP_STAT_TX_PACKETS,
+    UCT_USNIC_EP_STAT_TX_RESENDS,
+    UCT_USNIC_EP_STAT_TX_TIMEOUTS,
+    UCT_USNIC_EP_STAT_TX_TAIL_PROBES,
+    UCT_USNIC_EP_STAT_TX_REOPENS,
+    UCT_USNIC_EP_STAT_RX_ACKS,
+    UCT_USNIC_EP_STAT_LAST
+};
+
+
 /**
  * Endpoint: the sending side of one stream to a peer iface.
  */
@@ -124,6 +136,7 @@ typedef struct uct_usnic_ep {
     ucs_list_link_t       held_list;       /* In iface->held_eps */
     int                   internal;        /* Carries replies to reads: no
                                               user owns it */
+    UCS_STATS_NODE_DECLARE(stats_node)
 } uct_usnic_ep_t;
 
 
@@ -367,5 +380,13 @@ uct_usnic_ep_send_check(uct_usnic_ep_t *ep, unsigned num_packets)
 
     return UCS_OK;
 }
+
+/* Count an event of an ep, in its own statistics and its iface's */
+#define UCT_USNIC_EP_STAT_ADD(_ep, _counter, _value) \
+    do { \
+        UCT_USNIC_IFACE_STAT_ADD(uct_usnic_ep_iface(_ep), _counter, _value); \
+        UCS_STATS_UPDATE_COUNTER((_ep)->stats_node, \
+                                 UCT_USNIC_EP_STAT_##_counter, _value); \
+    } while (0)
 
 #endif

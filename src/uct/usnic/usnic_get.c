@@ -474,7 +474,7 @@ int uct_usnic_get_reply_resend_begin(uct_usnic_ep_t *ep,
     ucs_debug("ep %p: resending psn %u of a read of 0x%" PRIx64 " key %u as a "
               "refusal: the memory is no longer registered", ep, desc->psn,
               address, desc->zcopy.rkey.id);
-    ++iface->stats.tx_reads_revoked;
+    UCT_USNIC_IFACE_STAT_ADD(iface, TX_READS_REVOKED, 1);
     reply               = uct_usnic_get_reply_hdr(ep, desc);
     reply->status       = UCT_USNIC_GET_REPLY_REFUSED;
     desc->length       -= desc->zcopy.length;

@@ -57,6 +57,52 @@ static const struct {
 };
 
 
+#ifdef ENABLE_STATS
+static ucs_stats_class_t uct_usnic_iface_stats_class = {
+    .name          = "usnic_iface",
+    .num_counters  = UCT_USNIC_IFACE_STAT_LAST,
+    .class_id      = UCS_STATS_CLASS_ID_INVALID,
+    .counter_names = {
+        [UCT_USNIC_IFACE_STAT_TX_PACKETS]           = "tx_packets",
+        [UCT_USNIC_IFACE_STAT_TX_RESENDS]           = "tx_resends",
+        [UCT_USNIC_IFACE_STAT_TX_TIMEOUTS]          = "tx_timeouts",
+        [UCT_USNIC_IFACE_STAT_TX_TAIL_PROBES]       = "tx_tail_probes",
+        [UCT_USNIC_IFACE_STAT_TX_READS_REVOKED]     = "tx_reads_revoked",
+        [UCT_USNIC_IFACE_STAT_TX_ACKS]              = "tx_acks",
+        [UCT_USNIC_IFACE_STAT_TX_PIGGY_ACKS]        = "tx_piggy_acks",
+        [UCT_USNIC_IFACE_STAT_TX_BUNDLED]           = "tx_bundled",
+        [UCT_USNIC_IFACE_STAT_TX_HELD]              = "tx_held",
+        [UCT_USNIC_IFACE_STAT_TX_REOPENS]           = "tx_reopens",
+        [UCT_USNIC_IFACE_STAT_RX_PACKETS]           = "rx_packets",
+        [UCT_USNIC_IFACE_STAT_RX_ACKS]              = "rx_acks",
+        [UCT_USNIC_IFACE_STAT_RX_STREAMS_RECLAIMED] = "rx_streams_reclaimed",
+        [UCT_USNIC_IFACE_STAT_RX_DROP +
+         UCT_USNIC_RX_DROP_INVALID]                 = "rx_drop_invalid",
+        [UCT_USNIC_IFACE_STAT_RX_DROP +
+         UCT_USNIC_RX_DROP_STALE]                   = "rx_drop_stale",
+        [UCT_USNIC_IFACE_STAT_RX_DROP +
+         UCT_USNIC_RX_DROP_FORGED]                  = "rx_drop_forged",
+        [UCT_USNIC_IFACE_STAT_RX_DROP +
+         UCT_USNIC_RX_DROP_NO_STREAM]               = "rx_drop_no_stream",
+        [UCT_USNIC_IFACE_STAT_RX_DROP +
+         UCT_USNIC_RX_DROP_DUPLICATE]               = "rx_drop_duplicate",
+        [UCT_USNIC_IFACE_STAT_RX_DROP +
+         UCT_USNIC_RX_DROP_OUT_OF_WINDOW]           = "rx_drop_out_of_window",
+        [UCT_USNIC_IFACE_STAT_RX_DROP +
+         UCT_USNIC_RX_DROP_NO_RESOURCE]             = "rx_drop_no_resource",
+        [UCT_USNIC_IFACE_STAT_RX_DROP +
+         UCT_USNIC_RX_DROP_PUT_KEY]                 = "rx_drop_put_key",
+        [UCT_USNIC_IFACE_STAT_RX_DROP +
+         UCT_USNIC_RX_DROP_PUT_RANGE]               = "rx_drop_put_range",
+        [UCT_USNIC_IFACE_STAT_RX_DROP +
+         UCT_USNIC_RX_DROP_GET_KEY]                 = "rx_drop_get_key",
+        [UCT_USNIC_IFACE_STAT_RX_DROP +
+         UCT_USNIC_RX_DROP_GET_RANGE]               = "rx_drop_get_range"
+    }
+};
+#endif
+
+
 static const char *uct_usnic_channel_names[] = {
     [UCT_USNIC_CHANNEL_PRIO] = "prio",
     [UCT_USNIC_CHANNEL_DATA] = "data",
@@ -1368,7 +1414,14 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
         return UCS_ERR_INVALID_PARAM;
     }
 
-    memset(&self->stats, 0, sizeof(self->stats));
+    memset(self->stats, 0, sizeof(self->stats));
+    status = UCS_STATS_NODE_ALLOC(&self->stats_node,
+                                  &uct_usnic_iface_stats_class,
+                                  self->super.stats, "-%p", self);
+    if (status != UCS_OK) {
+        return status;
+    }
+
     self->put_refused_logged   = 0;
     self->put_refused_unlogged = 0;
     self->tx_outstanding   = 0;
@@ -1458,6 +1511,7 @@ err_cleanup_buffers:
     uct_usnic_iface_cleanup_buffers(self);
 err_cleanup_tables:
     uct_usnic_iface_cleanup_tables(self);
+    UCS_STATS_NODE_FREE(self->stats_node);
     return status;
 }
 
@@ -1466,7 +1520,8 @@ err_cleanup_tables:
  * debugs a run */
 static void uct_usnic_iface_log_stats(uct_usnic_iface_t *iface)
 {
-    const uint64_t *drop     = iface->stats.rx_drop;
+    const uint64_t *stats    = iface->stats;
+    const uint64_t *drop     = &stats[UCT_USNIC_IFACE_STAT_RX_DROP];
     const uct_usnic_md_t *md = ucs_derived_of(iface->super.md,
                                               uct_usnic_md_t);
     ucs_log_level_t level;
@@ -1491,14 +1546,19 @@ static void uct_usnic_iface_log_stats(uct_usnic_iface_t *iface)
                      "%lu no resource, %lu PUT key, %lu PUT range, "
                      "%lu GET key, %lu GET range, %lu bad %s",
                      iface, md->info->domain_attr->name,
-                     iface->stats.tx_packets,
-                     iface->stats.tx_bundled, iface->stats.tx_held,
-                     iface->stats.tx_resends, iface->stats.tx_timeouts,
-                     iface->stats.tx_tail_probes,
-                     iface->stats.tx_reads_revoked, iface->stats.tx_reopens,
-                     iface->stats.tx_acks, iface->stats.tx_piggy_acks,
-                     iface->stats.rx_packets, iface->stats.rx_acks,
-                     iface->stats.rx_streams_reclaimed,
+                     stats[UCT_USNIC_IFACE_STAT_TX_PACKETS],
+                     stats[UCT_USNIC_IFACE_STAT_TX_BUNDLED],
+                     stats[UCT_USNIC_IFACE_STAT_TX_HELD],
+                     stats[UCT_USNIC_IFACE_STAT_TX_RESENDS],
+                     stats[UCT_USNIC_IFACE_STAT_TX_TIMEOUTS],
+                     stats[UCT_USNIC_IFACE_STAT_TX_TAIL_PROBES],
+                     stats[UCT_USNIC_IFACE_STAT_TX_READS_REVOKED],
+                     stats[UCT_USNIC_IFACE_STAT_TX_REOPENS],
+                     stats[UCT_USNIC_IFACE_STAT_TX_ACKS],
+                     stats[UCT_USNIC_IFACE_STAT_TX_PIGGY_ACKS],
+                     stats[UCT_USNIC_IFACE_STAT_RX_PACKETS],
+                     stats[UCT_USNIC_IFACE_STAT_RX_ACKS],
+                     stats[UCT_USNIC_IFACE_STAT_RX_STREAMS_RECLAIMED],
                      drop[UCT_USNIC_RX_DROP_INVALID],
                      drop[UCT_USNIC_RX_DROP_STALE],
                      drop[UCT_USNIC_RX_DROP_FORGED],
@@ -1539,6 +1599,7 @@ static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t)
     uct_usnic_av_close(&self->av);
     uct_usnic_iface_cleanup_buffers(self);
     uct_usnic_iface_cleanup_tables(self);
+    UCS_STATS_NODE_FREE(self->stats_node);
 }
 
 UCS_CLASS_DEFINE(uct_usnic_iface_t, uct_base_iface_t);

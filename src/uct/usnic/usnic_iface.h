@@ -65,6 +65,29 @@ typedef enum {
 } uct_usnic_rx_drop_t;
 
 
+/* What an iface counts */
+enum {
+    UCT_USNIC_IFACE_STAT_TX_PACKETS,
+    UCT_USNIC_IFACE_STAT_TX_RESENDS,
+    UCT_USNIC_IFACE_STAT_TX_TIMEOUTS,    /* Retransmission timer expiries */
+    UCT_USNIC_IFACE_STAT_TX_TAIL_PROBES,
+    UCT_USNIC_IFACE_STAT_TX_READS_REVOKED, /* Reply datagrams resent as
+                                              refusals: memory gone */
+    UCT_USNIC_IFACE_STAT_TX_ACKS,        /* Standalone */
+    UCT_USNIC_IFACE_STAT_TX_PIGGY_ACKS,  /* Carried by AM packets */
+    UCT_USNIC_IFACE_STAT_TX_BUNDLED,     /* AMs sent in bundles */
+    UCT_USNIC_IFACE_STAT_TX_HELD,        /* Messages held back to share a
+                                            system call */
+    UCT_USNIC_IFACE_STAT_TX_REOPENS,     /* Streams opened again */
+    UCT_USNIC_IFACE_STAT_RX_PACKETS,
+    UCT_USNIC_IFACE_STAT_RX_ACKS,
+    UCT_USNIC_IFACE_STAT_RX_STREAMS_RECLAIMED,
+    UCT_USNIC_IFACE_STAT_RX_DROP,        /* One per uct_usnic_rx_drop_t */
+    UCT_USNIC_IFACE_STAT_LAST = UCT_USNIC_IFACE_STAT_RX_DROP +
+                                UCT_USNIC_RX_DROP_LAST
+};
+
+
 /* Sender incarnation and ep serial -> stream id */
 KHASH_INIT(uct_usnic_streams, uint64_t, uint32_t, 1, uct_usnic_hash64,
            uct_usnic_hash64_equal)
@@ -269,24 +292,10 @@ typedef struct uct_usnic_iface {
         unsigned            max_reassembly;
         int                 stats_summary; /* Counters printed on close */
     } config;
-    struct {
-        uint64_t            rx_drop[UCT_USNIC_RX_DROP_LAST];
-        uint64_t            tx_packets;
-        uint64_t            tx_resends;
-        uint64_t            tx_timeouts;   /* Retransmission timer expiries */
-        uint64_t            tx_tail_probes;
-        uint64_t            tx_reads_revoked; /* Reply datagrams resent as
-                                                 refusals: memory gone */
-        uint64_t            tx_acks;       /* Standalone */
-        uint64_t            tx_piggy_acks; /* Carried by AM packets */
-        uint64_t            tx_bundled;    /* AMs sent in bundles */
-        uint64_t            tx_held;       /* Messages held back to share a
-                                              system call */
-        uint64_t            tx_reopens;    /* Streams opened again */
-        uint64_t            rx_packets;
-        uint64_t            rx_acks;
-        uint64_t            rx_streams_reclaimed;
-    } stats;
+    /* Counted in every build (the summary line, the tests); with
+     * --enable-stats also in the UCS statistics node */
+    uint64_t                stats[UCT_USNIC_IFACE_STAT_LAST];
+    UCS_STATS_NODE_DECLARE(stats_node)
 } uct_usnic_iface_t;
 
 
@@ -363,10 +372,22 @@ static UCS_F_ALWAYS_INLINE ucs_time_t uct_usnic_elapsed(ucs_time_t now,
     return (now > then) ? (now - then) : 0;
 }
 
+/* Count an event of the iface */
+#define UCT_USNIC_IFACE_STAT_ADD(_iface, _counter, _value) \
+    uct_usnic_iface_stat_add(_iface, UCT_USNIC_IFACE_STAT_##_counter, _value)
+
+static UCS_F_ALWAYS_INLINE void
+uct_usnic_iface_stat_add(uct_usnic_iface_t *iface, unsigned counter,
+                         uint64_t value)
+{
+    iface->stats[counter] += value;
+    UCS_STATS_UPDATE_COUNTER(iface->stats_node, counter, value);
+}
+
 static UCS_F_ALWAYS_INLINE void
 uct_usnic_iface_drop(uct_usnic_iface_t *iface, uct_usnic_rx_drop_t reason)
 {
-    ++iface->stats.rx_drop[reason];
+    uct_usnic_iface_stat_add(iface, UCT_USNIC_IFACE_STAT_RX_DROP + reason, 1);
 }
 
 ucs_status_t uct_usnic_iface_get_device_address(uct_iface_h tl_iface,

@@ -138,7 +138,7 @@ static void uct_usnic_rx_stream_reclaim(uct_usnic_iface_t *iface,
     ucs_debug("iface %p: reclaiming rx stream %u from ep %u of iface 0x%x: "
               "%s", iface, stream->id, stream->src_ep_id,
               uct_usnic_rx_stream_peer(stream), why);
-    ++iface->stats.rx_streams_reclaimed;
+    UCT_USNIC_IFACE_STAT_ADD(iface, RX_STREAMS_RECLAIMED, 1);
     uct_usnic_rx_stream_destroy(iface, stream);
 }
 
@@ -874,7 +874,7 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
                                 0, 0);
     }
 
-    ++iface->stats.rx_packets;
+    UCT_USNIC_IFACE_STAT_ADD(iface, RX_PACKETS, 1);
     psn = hdr->psn;
     ucs_trace_data("stream %u: rx psn %u (expected %u) length %zu flags 0x%x",
                    stream->id, psn, stream->expected_psn, body_len,
@@ -960,7 +960,7 @@ static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
     }
 
     uct_usnic_rx_ack_take(stream, &packet.body.ack);
-    ++iface->stats.tx_acks;
+    UCT_USNIC_IFACE_STAT_ADD(iface, TX_ACKS, 1);
     uct_usnic_iface_send_ctrl(iface, stream->ack_fi_addr, &packet,
                               sizeof(packet));
 }

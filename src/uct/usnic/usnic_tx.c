@@ -209,7 +209,7 @@ static int uct_usnic_tx_add_ack(uct_usnic_iface_t *iface,
     ack = uct_usnic_tx_desc_tail(iface, desc);
     uct_usnic_rx_ack_take(stream, ack);
     desc->length += sizeof(*ack);
-    ++iface->stats.tx_piggy_acks;
+    UCT_USNIC_IFACE_STAT_ADD(iface, TX_PIGGY_ACKS, 1);
     return 1;
 }
 
@@ -253,7 +253,7 @@ static void uct_usnic_tx_reopen(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep)
 
     ucs_debug("ep %p: no ACK from the peer's stream %u: opening it again "
               "from psn %u", ep, ep->peer_stream_id, ep->acked_psn + 1);
-    ++iface->stats.tx_reopens;
+    UCT_USNIC_EP_STAT_ADD(ep, TX_REOPENS, 1);
     ep->peer_stream_id = UCT_USNIC_STREAM_ID_NONE;
     ep->first_psn      = ep->acked_psn + 1;
     ucs_queue_for_each(desc, &ep->window, queue) {
@@ -317,7 +317,7 @@ void uct_usnic_tx_queue_zcopy(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
     uct_usnic_ep_activate(ep);
     ++ep->tx_count;
     ++iface->tx_outstanding;
-    ++iface->stats.tx_packets;
+    UCT_USNIC_EP_STAT_ADD(ep, TX_PACKETS, 1);
     iface->sent_since_progress = 1;
     ucs_queue_push(&ep->window, &desc->queue);
 
@@ -471,7 +471,7 @@ static void uct_usnic_tx_resend(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
     ucs_trace_data("ep %p: resend psn %u (resend %u)", ep, desc->psn,
                    desc->resends + 1);
     ++desc->resends;
-    ++iface->stats.tx_resends;
+    UCT_USNIC_EP_STAT_ADD(ep, TX_RESENDS, 1);
     uct_usnic_tx_send_again(iface, ep, desc, now);
 }
 
@@ -570,7 +570,7 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
         return;
     }
 
-    ++iface->stats.rx_acks;
+    UCT_USNIC_EP_STAT_ADD(ep, RX_ACKS, 1);
     ep->peer_stream_id = ack->stream_id;
 
     while (!ucs_queue_is_empty(&ep->window)) {
@@ -661,7 +661,7 @@ static unsigned uct_usnic_tx_tail_probe(uct_usnic_iface_t *iface,
 
     tail->flags                              |= UCT_USNIC_TX_DESC_FLAG_PROBED;
     uct_usnic_tx_desc_hdr(iface, tail)->flags |= UCT_USNIC_PKT_FLAG_ACK_REQ;
-    ++iface->stats.tx_tail_probes;
+    UCT_USNIC_EP_STAT_ADD(ep, TX_TAIL_PROBES, 1);
     uct_usnic_tx_resend(iface, ep, tail, now);
     return 1;
 }
@@ -733,7 +733,7 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
                     (ep->peer_stream_id != UCT_USNIC_STREAM_ID_NONE)) {
                     uct_usnic_tx_reopen(iface, ep);
                 }
-                ++iface->stats.tx_timeouts;
+                UCT_USNIC_EP_STAT_ADD(ep, TX_TIMEOUTS, 1);
                 uct_usnic_tx_cwnd_loss(iface, ep, 1);
                 ep->rto = ucs_min(ep->rto * 2, iface->config.rto_max);
                 budget  = ucs_min(budget, count + ep->cwnd);

@@ -356,7 +356,7 @@ UCS_TEST_P(test_usnic_am, stream_short) {
         send(sender, 0, sizeof(message) + (i % 16), false);
     }
     wait_all_received();
-    EXPECT_EQ(0u, receiver_iface()->stats.rx_drop[UCT_USNIC_RX_DROP_INVALID]);
+    EXPECT_EQ(0u, USNIC_DROPS(receiver_iface(), INVALID));
 }
 
 /* UCX's generic tests free zcopy memory once the peer has the message,
@@ -380,7 +380,7 @@ UCS_TEST_P(test_usnic_am, zcopy_memory_freed_once_delivered) {
     wait_all_received();
 
     message msg      = {0, m_next_seq[0], (uint32_t)length};
-    uint64_t timeouts = iface->stats.tx_timeouts;
+    uint64_t timeouts = USNIC_COUNTER(iface, TX_TIMEOUTS);
     fill(buffer, msg, length);
     status = uct_ep_am_zcopy(sender->ep(0), AM_ID, NULL, 0, &iov, 1, 0,
                              NULL);
@@ -403,7 +403,7 @@ UCS_TEST_P(test_usnic_am, zcopy_memory_freed_once_delivered) {
     }
     UCS_ASYNC_UNBLOCK(&m_receiver->async());
     EXPECT_EQ(0u, iface->tx_outstanding);
-    EXPECT_EQ(timeouts, iface->stats.tx_timeouts);
+    EXPECT_EQ(timeouts, USNIC_COUNTER(iface, TX_TIMEOUTS));
     wait_all_received();
 }
 
@@ -418,11 +418,12 @@ UCS_TEST_P(test_usnic_am, stream_short_bundled) {
         send(sender, 0, sizeof(message) + (i % 64), (i % 1000) == 999);
     }
     wait_all_received();
-    UCS_TEST_MESSAGE << count << " messages in " << iface->stats.tx_packets
-                     << " datagrams, " << iface->stats.tx_bundled
+    UCS_TEST_MESSAGE << count << " messages in "
+                     << USNIC_COUNTER(iface, TX_PACKETS) << " datagrams, "
+                     << USNIC_COUNTER(iface, TX_BUNDLED)
                      << " of them bundled";
-    EXPECT_GT(iface->stats.tx_bundled, count / 2);
-    EXPECT_LT(iface->stats.tx_packets, count / 4);
+    EXPECT_GT(USNIC_COUNTER(iface, TX_BUNDLED), count / 2);
+    EXPECT_LT(USNIC_COUNTER(iface, TX_PACKETS), count / 4);
 }
 
 /* A message with nothing in flight before it is not held back: the
@@ -433,10 +434,11 @@ UCS_TEST_P(test_usnic_am, lone_message_not_held) {
             ucs_derived_of(sender->iface(), uct_usnic_iface_t);
 
     for (int i = 0; i < 10; ++i) {
-        uint64_t packets = iface->stats.tx_packets;
+        uint64_t packets = USNIC_COUNTER(iface, TX_PACKETS);
 
         send(sender, 0, sizeof(message) + i, false);
-        EXPECT_EQ(packets + 1, iface->stats.tx_packets) << "not sent at once";
+        EXPECT_EQ(packets + 1, USNIC_COUNTER(iface, TX_PACKETS))
+                << "not sent at once";
         ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(1);
         while ((m_received < m_sent) && (ucs_get_time() < deadline)) {
             m_receiver->progress();
@@ -444,7 +446,7 @@ UCS_TEST_P(test_usnic_am, lone_message_not_held) {
         ASSERT_EQ(m_sent, m_received) << "message " << i << " held back";
         wait_all_received(); /* its ACK comes back */
     }
-    EXPECT_EQ(0u, iface->stats.tx_bundled);
+    EXPECT_EQ(0u, USNIC_COUNTER(iface, TX_BUNDLED));
 }
 
 /* Messages of several datagrams posted back to back share system calls
@@ -464,12 +466,12 @@ UCS_TEST_P(test_usnic_am, stream_bcopy_held) {
         send(sender, 0, length, SEND_BCOPY);
     }
     wait_all_received();
-    UCS_TEST_MESSAGE << count << " messages, " << iface->stats.tx_held
+    UCS_TEST_MESSAGE << count << " messages, " << USNIC_COUNTER(iface, TX_HELD)
                      << " of them held back";
     if (ucs_derived_of(sender->md(), uct_usnic_md_t)->kernel) {
-        EXPECT_GT(iface->stats.tx_held, count / 4);
+        EXPECT_GT(USNIC_COUNTER(iface, TX_HELD), count / 4);
     } else {
-        EXPECT_EQ(0u, iface->stats.tx_held);
+        EXPECT_EQ(0u, USNIC_COUNTER(iface, TX_HELD));
     }
 }
 
@@ -494,7 +496,7 @@ UCS_TEST_P(test_usnic_am, lone_bcopy_not_held) {
         ASSERT_EQ(m_sent, m_received) << "message " << i << " held back";
     }
     wait_all_received();
-    EXPECT_EQ(0u, iface->stats.tx_held);
+    EXPECT_EQ(0u, USNIC_COUNTER(iface, TX_HELD));
 }
 
 UCS_TEST_P(test_usnic_am, stream_bcopy_random_sizes) {
@@ -648,8 +650,8 @@ UCS_TEST_P(test_usnic_am, ping_pong_piggyback_acks) {
     wait_all_received();
 
     for (const uct_usnic_iface_t *iface : ifaces) {
-        EXPECT_GE(iface->stats.tx_piggy_acks, count / 2);
-        EXPECT_LT(iface->stats.tx_acks, count / 2);
+        EXPECT_GE(USNIC_COUNTER(iface, TX_PIGGY_ACKS), count / 2);
+        EXPECT_LT(USNIC_COUNTER(iface, TX_ACKS), count / 2);
     }
 }
 
@@ -811,7 +813,7 @@ protected:
             return m_dispatched.size() >= NUM_EPS * NUM_PENDING;
         });
         ASSERT_EQ(size_t(NUM_EPS * NUM_PENDING), m_dispatched.size());
-        EXPECT_EQ(0u, usnic_iface(m_sender)->stats.tx_timeouts)
+        EXPECT_EQ(0u, USNIC_COUNTER(usnic_iface(m_sender), TX_TIMEOUTS))
                 << "a timeout shrank a window: the iface's buffers were not "
                 << "all that was short";
 
@@ -975,7 +977,7 @@ protected:
                                 5000 / ucs::test_time_multiplier());
         uint64_t dropped = injected(sender, UCT_USNIC_FAULT_DROP) +
                            injected(m_receiver, UCT_USNIC_FAULT_DROP);
-        uint64_t resent  = usnic_iface(sender)->stats.tx_resends;
+        uint64_t resent  = USNIC_COUNTER(usnic_iface(sender), TX_RESENDS);
 
         UCS_TEST_MESSAGE << dropped << " datagrams dropped, " << resent
                          << " resent";
@@ -1014,36 +1016,37 @@ UCS_TEST_P(test_usnic_faults, resends_match_drops) {
                              {"FAULT_CHANNELS", "data"}},
                             5000 / ucs::test_time_multiplier());
     const uct_usnic_iface_t *iface    = usnic_iface(sender);
-    const uint64_t *receiver_drop     = usnic_iface(m_receiver)->stats.rx_drop;
+    const uct_usnic_iface_t *receiver = usnic_iface(m_receiver);
     uint64_t dropped                  = injected(sender,
                                                  UCT_USNIC_FAULT_DROP);
-    uint64_t duplicates, not_kept;
+    uint64_t resent, duplicates, not_kept;
     ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(2);
 
     /* Everything is acknowledged, but a needless resend may still be on
      * its way to the receiver */
     do {
         progress();
-        duplicates = receiver_drop[UCT_USNIC_RX_DROP_DUPLICATE];
-        not_kept   = receiver_drop[UCT_USNIC_RX_DROP_NO_RESOURCE] +
-                     receiver_drop[UCT_USNIC_RX_DROP_OUT_OF_WINDOW];
-    } while (((dropped + duplicates + not_kept) < iface->stats.tx_resends) &&
+        resent     = USNIC_COUNTER(iface, TX_RESENDS);
+        duplicates = USNIC_DROPS(receiver, DUPLICATE);
+        not_kept   = USNIC_DROPS(receiver, NO_RESOURCE) +
+                     USNIC_DROPS(receiver, OUT_OF_WINDOW);
+    } while (((dropped + duplicates + not_kept) < resent) &&
              (ucs_get_time() < deadline));
 
-    UCS_TEST_MESSAGE << dropped << " datagrams dropped, "
-                     << iface->stats.tx_resends << " resent ("
-                     << iface->stats.tx_timeouts << " timeouts, "
-                     << iface->stats.tx_tail_probes << " tail probes), "
+    UCS_TEST_MESSAGE << dropped << " datagrams dropped, " << resent
+                     << " resent (" << USNIC_COUNTER(iface, TX_TIMEOUTS)
+                     << " timeouts, " << USNIC_COUNTER(iface, TX_TAIL_PROBES)
+                     << " tail probes), "
                      << duplicates << " duplicates, " << not_kept
                      << " not kept";
     EXPECT_GT(dropped, 0u);
     EXPECT_EQ(0u, injected(m_receiver, UCT_USNIC_FAULT_DROP));
     if (usnic_test::on_kernel_provider(GetParam()->md_name)) {
-        EXPECT_EQ(dropped + duplicates + not_kept, iface->stats.tx_resends);
+        EXPECT_EQ(dropped + duplicates + not_kept, resent);
     } else {
         /* libfabric's udp provider keeps the kernel's default socket
          * buffer: a busy receiver loses datagrams there too */
-        EXPECT_LE(dropped + duplicates + not_kept, iface->stats.tx_resends);
+        EXPECT_LE(dropped + duplicates + not_kept, resent);
     }
 }
 
@@ -1087,7 +1090,7 @@ UCS_TEST_P(test_usnic_stats_summary, one_line_on_close) {
     }
     wait_all_received();
 
-    uint64_t sent = usnic_iface(sender)->stats.tx_packets;
+    uint64_t sent = USNIC_COUNTER(usnic_iface(sender), TX_PACKETS);
     EXPECT_GT(sent, 0u);
     std::string expected = "tx " + std::to_string(sent) + " datagrams";
     std::vector<std::string> lines = close_sender(sender);
@@ -1115,7 +1118,7 @@ UCS_TEST_P(test_usnic_faults, tight_reorder_caps) {
     uct_usnic_iface_t *receiver = usnic_iface(m_receiver);
 
     EXPECT_EQ(8u, receiver->config.ooo_ring_size);
-    EXPECT_GT(receiver->stats.rx_drop[UCT_USNIC_RX_DROP_NO_RESOURCE], 0u);
+    EXPECT_GT(USNIC_DROPS(receiver, NO_RESOURCE), 0u);
     EXPECT_EQ(0u, receiver->rx_ooo_count);
     EXPECT_EQ(0u, receiver->rx_reassembling);
 }
@@ -1128,7 +1131,7 @@ UCS_TEST_P(test_usnic_faults, reorder_duplicate_delay) {
 
     EXPECT_GT(injected(sender, UCT_USNIC_FAULT_REORDER), 0u);
     EXPECT_GT(injected(sender, UCT_USNIC_FAULT_DUPLICATE), 0u);
-    EXPECT_GT(receiver_iface()->stats.rx_drop[UCT_USNIC_RX_DROP_DUPLICATE],
+    EXPECT_GT(USNIC_DROPS(receiver_iface(), DUPLICATE),
               0u);
 }
 
@@ -1213,9 +1216,9 @@ UCS_TEST_P(test_usnic_faults, tail_loss_probe) {
     EXPECT_GT(dropped, 1u) << "the message was not several datagrams";
 
     wait_all_received();
-    EXPECT_GE(iface->stats.tx_tail_probes, 1u);
-    EXPECT_EQ(0u, iface->stats.tx_timeouts);
-    EXPECT_GE(iface->stats.tx_resends, dropped);
+    EXPECT_GE(USNIC_COUNTER(iface, TX_TAIL_PROBES), 1u);
+    EXPECT_EQ(0u, USNIC_COUNTER(iface, TX_TIMEOUTS));
+    EXPECT_GE(USNIC_COUNTER(iface, TX_RESENDS), dropped);
 }
 
 /*

@@ -529,7 +529,7 @@ UCS_TEST_P(test_usnic_restart, new_incarnation_gets_no_stale_data) {
     progress_for(0.5);
     EXPECT_EQ(sequence(0, 15), m_stable_rx);
     EXPECT_EQ(sequence(100, 3), m_peer_rx);
-    EXPECT_GT(peer_iface->stats.rx_drop[UCT_USNIC_RX_DROP_STALE], 0u);
+    EXPECT_GT(USNIC_DROPS(peer_iface, STALE), 0u);
 
     /* The ep to the old incarnation fails, within the timeout plus 1 s */
     progress_until([this]() { return !m_failed_eps.empty(); }, 2.0);

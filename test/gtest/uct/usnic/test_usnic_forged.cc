@@ -81,7 +81,7 @@ protected:
 
     static uint64_t drops(entity *e, uct_usnic_rx_drop_t reason)
     {
-        return usnic_iface(e)->stats.rx_drop[reason];
+        return USNIC_DROPS_BY(usnic_iface(e), reason);
     }
 
     /* Send a raw datagram to e, and progress only e until it took it */
@@ -404,13 +404,13 @@ UCS_TEST_P(test_usnic_auth, mac_on_every_datagram) {
                                            copy_handler, &copy, 0));
     std::vector<uct_iov_t> iov = usnic_test::random_iov(
             data.data(), data.size(), UCT_USNIC_ZCOPY_MAX_IOV);
-    count = usnic_iface(m_receiver)->stats.rx_packets;
+    count = USNIC_COUNTER(usnic_iface(m_receiver), RX_PACKETS);
     ASSERT_EQ(UCS_INPROGRESS,
               uct_ep_am_zcopy(m_sender->ep(0), AM_ID + 1, NULL, 0, iov.data(),
                               iov.size(), 0, NULL));
     flush();
     EXPECT_EQ(data, copy);
-    EXPECT_GE(usnic_iface(m_receiver)->stats.rx_packets, count + 4);
+    EXPECT_GE(USNIC_COUNTER(usnic_iface(m_receiver), RX_PACKETS), count + 4);
     EXPECT_EQ(0u, channel(m_receiver, UCT_USNIC_CHANNEL_DATA)->rx_bad_seal);
     EXPECT_EQ(0u, channel(m_sender, UCT_USNIC_CHANNEL_PRIO)->rx_bad_seal);
 }
@@ -478,7 +478,7 @@ UCS_TEST_P(test_usnic_auth, different_keys_never_deliver) {
     }, 10, m_receiver));
     short_progress_loop(100);
     EXPECT_TRUE(m_payloads.empty());
-    EXPECT_EQ(0u, usnic_iface(m_receiver)->stats.rx_packets);
+    EXPECT_EQ(0u, USNIC_COUNTER(usnic_iface(m_receiver), RX_PACKETS));
 }
 
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_auth, usnic)

@@ -98,7 +98,7 @@ protected:
 
     uint64_t wait_for_drops(uct_usnic_iface_t *iface, uint64_t expected)
     {
-        uint64_t *drops = &iface->stats.rx_drop[UCT_USNIC_RX_DROP_INVALID];
+        uint64_t *drops = &USNIC_DROPS(iface, INVALID);
 
         progress_until([&]() { return *drops >= expected; }, 10);
         return *drops;
@@ -430,7 +430,7 @@ protected:
 
     uint64_t drops(uct_usnic_rx_drop_t reason)
     {
-        return usnic_iface(m_entity)->stats.rx_drop[reason];
+        return USNIC_DROPS_BY(usnic_iface(m_entity), reason);
     }
 
     /* Send and wait until the iface has dropped or taken it */

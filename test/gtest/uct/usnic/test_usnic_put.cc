@@ -105,7 +105,7 @@ protected:
 
     uint64_t drops(uct_usnic_rx_drop_t reason)
     {
-        return receiver_iface()->stats.rx_drop[reason];
+        return USNIC_DROPS_BY(receiver_iface(), reason);
     }
 
     size_t put_max_bcopy() const
@@ -796,9 +796,8 @@ UCS_TEST_P(test_usnic_put_faults, gets_drop_10_percent) {
     set_usnic_config("FAULT_DROP", "0.1");
     create_entities();
     random_puts_gets(500 / ucs::test_time_multiplier());
-    EXPECT_GT(ucs_derived_of(m_sender->iface(), uct_usnic_iface_t)
-                      ->stats.tx_resends +
-              receiver_iface()->stats.tx_resends, 0u);
+    EXPECT_GT(USNIC_COUNTER(usnic_iface(m_sender), TX_RESENDS) +
+              USNIC_COUNTER(receiver_iface(), TX_RESENDS), 0u);
 }
 
 /* The target's reply is lost, then it deregisters the memory: the resent
@@ -834,7 +833,7 @@ UCS_TEST_P(test_usnic_put_faults, get_reply_resent_after_dereg) {
     }
     ASSERT_EQ(0, comp.count) << "read not completed";
     EXPECT_EQ(UCS_ERR_INVALID_ADDR, comp.status);
-    EXPECT_GT(receiver_iface()->stats.tx_reads_revoked, 0u);
+    EXPECT_GT(USNIC_COUNTER(receiver_iface(), TX_READS_REVOKED), 0u);
     EXPECT_EQ(std::vector<uint8_t>(data.size(), 0), data);
 }
 

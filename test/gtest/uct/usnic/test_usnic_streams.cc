@@ -158,14 +158,14 @@ UCS_TEST_P(test_usnic_streams, busy_streams_stay_quiet_ones_give_way) {
     /* A third stream, while the first two have just been busy: refused */
     ASSERT_TRUE(post(2));
     ASSERT_TRUE(progress_capped([&]() {
-        return receiver->stats.rx_drop[UCT_USNIC_RX_DROP_NO_RESOURCE] > 0;
+        return USNIC_DROPS(receiver, NO_RESOURCE) > 0;
     }));
     EXPECT_FALSE(delivered(2));
-    EXPECT_EQ(0u, receiver->stats.rx_streams_reclaimed);
+    EXPECT_EQ(0u, USNIC_COUNTER(receiver, RX_STREAMS_RECLAIMED));
 
     /* Once they have been quiet for STREAM_IDLE, the oldest gives way */
     ASSERT_TRUE(progress_capped([&]() { return delivered(2); }));
-    EXPECT_EQ(1u, receiver->stats.rx_streams_reclaimed);
+    EXPECT_EQ(1u, USNIC_COUNTER(receiver, RX_STREAMS_RECLAIMED));
     EXPECT_EQ(2u, receiver->num_streams);
 
     /* The sender of the reclaimed stream (either) opens it again, losing
@@ -176,7 +176,7 @@ UCS_TEST_P(test_usnic_streams, busy_streams_stay_quiet_ones_give_way) {
     }
     ASSERT_TRUE(progress_capped(
             [&]() { return delivered(0) && delivered(1); }));
-    EXPECT_GE(sender->stats.tx_reopens, 1u);
+    EXPECT_GE(USNIC_COUNTER(sender, TX_REOPENS), 1u);
     flush();
     check_received();
 }
@@ -197,12 +197,12 @@ UCS_TEST_P(test_usnic_streams, quiet_new_stream_gives_way) {
 
     ASSERT_TRUE(post(2));
     ASSERT_TRUE(progress_capped([&]() { return delivered(2); }));
-    EXPECT_EQ(1u, receiver->stats.rx_streams_reclaimed);
+    EXPECT_EQ(1u, USNIC_COUNTER(receiver, RX_STREAMS_RECLAIMED));
 
     /* The stream of ep 0 stayed: its next message needs no reopening */
     ASSERT_TRUE(post(0));
     ASSERT_TRUE(progress_capped([&]() { return delivered(0); }));
-    EXPECT_EQ(0u, sender->stats.tx_reopens);
+    EXPECT_EQ(0u, USNIC_COUNTER(sender, TX_REOPENS));
     flush();
     check_received();
 }
@@ -216,7 +216,7 @@ UCS_TEST_P(test_usnic_streams, silent_sender_reclaimed) {
 
     /* Silent for the peer timeout (1 s) */
     ASSERT_TRUE(progress_capped([&]() { return receiver->num_streams == 0; }));
-    EXPECT_EQ(1u, receiver->stats.rx_streams_reclaimed);
+    EXPECT_EQ(1u, USNIC_COUNTER(receiver, RX_STREAMS_RECLAIMED));
     /* With the stream, the peer's address went out of the address vector:
      * only the sender's eps hold theirs */
     EXPECT_EQ(0u, kh_size(&receiver->av.map));
@@ -255,7 +255,7 @@ UCS_TEST_P(test_usnic_streams, new_incarnation_supersedes) {
     start = ucs_get_time();
     ASSERT_TRUE(progress_capped([&]() { return receiver->num_streams == 1; }));
     EXPECT_LT(ucs_time_to_sec(ucs_get_time() - start), 0.9);
-    EXPECT_EQ(1u, receiver->stats.rx_streams_reclaimed);
+    EXPECT_EQ(1u, USNIC_COUNTER(receiver, RX_STREAMS_RECLAIMED));
     check_received();
 }
 
@@ -287,7 +287,7 @@ UCS_TEST_P(test_usnic_streams, one_reassembly_at_a_time) {
     flush();
     check_received();
     EXPECT_EQ(0u, receiver->rx_reassembling);
-    EXPECT_GT(receiver->stats.rx_drop[UCT_USNIC_RX_DROP_NO_RESOURCE], 0u);
+    EXPECT_GT(USNIC_DROPS(receiver, NO_RESOURCE), 0u);
 }
 
 /*
@@ -337,7 +337,7 @@ UCS_TEST_P(test_usnic_streams, flood_of_opens) {
     ASSERT_TRUE(progress_capped([&]() { return delivered(0); }));
     flush();
     check_received();
-    EXPECT_GT(receiver->stats.rx_drop[UCT_USNIC_RX_DROP_NO_RESOURCE], 0u);
+    EXPECT_GT(USNIC_DROPS(receiver, NO_RESOURCE), 0u);
 }
 
 _UCT_INSTANTIATE_TEST_CASE(test_usnic_streams, usnic)

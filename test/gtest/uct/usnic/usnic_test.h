@@ -25,6 +25,18 @@ extern "C" {
 #include <vector>
 
 
+/* An iface's counter, by the name after UCT_USNIC_IFACE_STAT_ */
+#define USNIC_COUNTER(_iface, _name) \
+    ((_iface)->stats[UCT_USNIC_IFACE_STAT_##_name])
+
+/* Datagrams an iface dropped for a reason: the name after
+ * UCT_USNIC_RX_DROP_, or the value */
+#define USNIC_DROPS(_iface, _name) \
+    USNIC_DROPS_BY(_iface, UCT_USNIC_RX_DROP_##_name)
+#define USNIC_DROPS_BY(_iface, _reason) \
+    ((_iface)->stats[UCT_USNIC_IFACE_STAT_RX_DROP + (_reason)])
+
+
 namespace usnic_test {
 
 /* length bytes at buffer as 1 to max_iov entries of random sizes, some
@@ -138,10 +150,11 @@ static inline void ack_ep(uct_usnic_ep_t *ep, uct_usnic_psn_t psn,
 /* Datagrams an iface has taken or dropped on receive */
 static inline uint64_t rx_seen(const uct_usnic_iface_t *iface)
 {
-    uint64_t seen = iface->stats.rx_packets + iface->stats.rx_acks;
+    uint64_t seen = USNIC_COUNTER(iface, RX_PACKETS) +
+                    USNIC_COUNTER(iface, RX_ACKS);
 
     for (int reason = 0; reason < UCT_USNIC_RX_DROP_LAST; ++reason) {
-        seen += iface->stats.rx_drop[reason];
+        seen += USNIC_DROPS_BY(iface, reason);
     }
     for (int id = 0; id < UCT_USNIC_CHANNEL_LAST; ++id) {
         seen += iface->channels[id].rx_bad_seal;
