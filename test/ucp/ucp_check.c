@@ -40,6 +40,12 @@
  *   -k KINDS   comma-separated subset of tag,am,put,get (default all)
  *   -w N       operations in flight per direction (default 4)
  *   -t SEC     overall timeout (default 120)
+ *   -u         AMs may arrive in any order, each still exactly once: with
+ *              several eager rails (UCX_MAX_EAGER_RAILS > 1) UCP sends the
+ *              fragments of one message over all of them and calls the
+ *              handler when the last one is in, so a later one-fragment
+ *              message can come first (UCP orders such messages only for
+ *              handlers that take fragments, not UCP_AM_FLAG_WHOLE_MSG)
  *
  * Prints one summary line per kind and a final PASS or FAIL line; exits 0
  * only when every check passed.
@@ -121,6 +127,7 @@ typedef struct {
     unsigned   timeout;
     unsigned   window;
     unsigned   kinds;        /* bit mask of check_kind_t */
+    int        am_any_order; /* -u */
 } check_opts_t;
 
 
@@ -213,6 +220,7 @@ typedef struct {
 /* Receiving side of the AM phase, driven by the handler */
 typedef struct {
     uint64_t next_seq;       /* sequence number the next AM must carry */
+    uint8_t  *seen;          /* with -u: a bit per message that arrived */
     uint64_t checked;        /* AMs received and checked */
     uint64_t bytes;
     uint64_t eager;
@@ -997,13 +1005,28 @@ static ucs_status_t check_am_cb(void *arg, const void *header,
     }
     memcpy(&hdr, header, sizeof(hdr));
 
-    if (hdr.seq != rx->next_seq) {
+    if (!ctx->opts.am_any_order) {
+        if (hdr.seq != rx->next_seq) {
+            check_fail(ctx, UCS_ERR_IO_ERROR, "am: message %" PRIu64
+                       " arrived when %" PRIu64 " was due (out of order, "
+                       "lost or duplicated; seed %" PRIu64 ")", hdr.seq,
+                       rx->next_seq, ctx->opts.seed);
+        }
+        rx->next_seq = hdr.seq + 1;
+    } else if (rx->seen == NULL) {
+        check_fail(ctx, UCS_ERR_NO_MEMORY, "am: no memory to track %" PRIu64
+                   " messages", ctx->opts.iters);
+        return UCS_OK;
+    } else if ((hdr.seq >= ctx->opts.iters) ||
+               (rx->seen[hdr.seq / 8] & (1u << (hdr.seq % 8)))) {
         check_fail(ctx, UCS_ERR_IO_ERROR, "am: message %" PRIu64 " arrived "
-                   "when %" PRIu64 " was due (out of order, lost or "
-                   "duplicated; seed %" PRIu64 ")", hdr.seq, rx->next_seq,
+                   "twice or was never sent (seed %" PRIu64 ")", hdr.seq,
                    ctx->opts.seed);
+        return UCS_OK;
+    } else {
+        rx->seen[hdr.seq / 8] |= 1u << (hdr.seq % 8);
+        ++rx->next_seq; /* here: how many arrived */
     }
-    rx->next_seq = hdr.seq + 1;
 
     if ((hdr.length != length) ||
         (length != check_msg_size(ctx, CHECK_KIND_AM, ctx->rx_dir,
@@ -1823,6 +1846,7 @@ static void check_cleanup(check_ctx_t *ctx)
     }
     free(ctx->region);
     free(ctx->shadow);
+    free(ctx->am_rx.seen);
     if (ctx->sock >= 0) {
         close(ctx->sock);
     }
@@ -1837,7 +1861,9 @@ static void check_cleanup(check_ctx_t *ctx)
 static void check_phase_prepare(check_ctx_t *ctx, check_kind_t kind)
 {
     if (kind == CHECK_KIND_AM) {
+        free(ctx->am_rx.seen);
         memset(&ctx->am_rx, 0, sizeof(ctx->am_rx));
+        ctx->am_rx.seen = calloc((ctx->opts.iters + 7) / 8, 1);
     } else if (ctx->is_server && (kind == CHECK_KIND_PUT)) {
         check_pattern_fill(check_key(ctx->opts.seed, CHECK_KEY_PUT_INIT, 0,
                                      0), 0, ctx->region, ctx->region_size, 0);
@@ -2002,7 +2028,7 @@ static void check_usage(void)
             "usage: ucp_check [-p port] [-l listen address] [-n iterations] "
             "[-s seed]\n"
             "                 [-m max size] [-k tag,am,put,get] [-w window] "
-            "[-t timeout]\n"
+            "[-t timeout] [-u]\n"
             "                 [server IPv4 address]\n");
 }
 
@@ -2021,8 +2047,9 @@ static int check_parse_opts(check_opts_t *opts, int argc, char **argv)
     opts->timeout     = CHECK_DEFAULT_TIMEOUT;
     opts->window      = CHECK_DEFAULT_WINDOW;
     opts->kinds       = (1u << CHECK_KIND_LAST) - 1;
+    opts->am_any_order = 0;
 
-    while ((c = getopt(argc, argv, "p:l:n:s:m:k:w:t:h")) != -1) {
+    while ((c = getopt(argc, argv, "p:l:n:s:m:k:w:t:uh")) != -1) {
         if ((c == 'p') || (c == 'n') || (c == 's') || (c == 'w') ||
             (c == 't')) {
             errno = 0;
@@ -2073,6 +2100,9 @@ static int check_parse_opts(check_opts_t *opts, int argc, char **argv)
                 goto bad;
             }
             opts->timeout = (unsigned)value;
+            break;
+        case 'u':
+            opts->am_any_order = 1;
             break;
         default:
             goto bad;
