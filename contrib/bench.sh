@@ -18,7 +18,7 @@
 #   user-space cycles per datagram sent and received (am_bw, 8 bytes: user
 #     CPU time of each side times the CPU clock, over the datagrams);
 #   memory: RSS of a usnic am_bw client at start and end of a long stream,
-#     heap per endpoint;
+#     heap per endpoint; time per message on 1 ep and on 1,000 active eps;
 #   a plot (gnuplot, PNG) of UCP latency and bandwidth against message
 #     size (tag_lat, tag_bw);
 #   Open MPI ping-pong (contrib/mpi.sh) over usnic and tcp.
@@ -67,10 +67,10 @@ cc -O2 -Wall -o "${logs}/dgram_rate" "${usnic_top}/contrib/dgram_rate.c" \
     usnic_die "cannot build contrib/dgram_rate.c"
 cc -O2 -Wall -o "${logs}/udp_raw" "${usnic_top}/contrib/udp_raw.c" ||
     usnic_die "cannot build contrib/udp_raw.c"
-cc -O2 -Wall -o "${logs}/ep_memory" "${usnic_top}/contrib/ep_memory.c" \
+cc -O2 -Wall -o "${logs}/ep_scale" "${usnic_top}/contrib/ep_scale.c" \
     -I"${usnic_prefix}/include" -L"${usnic_prefix}/lib" \
     -Wl,-rpath,"${usnic_prefix}/lib" -luct -lucs ||
-    usnic_die "cannot build contrib/ep_memory.c"
+    usnic_die "cannot build contrib/ep_scale.c"
 
 trap usnic_pair_cleanup EXIT
 # Two rails between the namespaces: the second only for the two-rail rows
@@ -430,14 +430,26 @@ printf '| %-20s | %-20s | %-20s |\n' "${rss_start}" "${rss_end}" "${rss_peak}"
 
 # Heap per endpoint, on loopback: the ep alone, then with the stream it
 # opens at the receiver
-"${usnic_pair_server_pfx[@]}" "${logs}/ep_memory" -d lo -n 10000 \
-    >"${logs}/ep_memory.out" || usnic_die "ep_memory failed"
+"${usnic_pair_server_pfx[@]}" "${logs}/ep_scale" -d lo -n 10000 \
+    >"${logs}/ep_memory.out" || usnic_die "ep_scale failed"
 echo
 echo "Memory per endpoint (10000 endpoints between two ifaces on lo, heap in use)"
 printf '| %-46s | %10s |\n' "what" "bytes"
 printf '|%s|%s|\n' "$(printf -- '-%.0s' {1..48})" "------------"
 awk -F': ' '/ bytes$/ { sub(/ bytes$/, "", $2);
     printf "| %-46s | %10s |\n", $1, $2 }' "${logs}/ep_memory.out"
+
+# Cost per message with 1,000 eps active at once against one ep, bundling
+# off (one ep would gain from it), on loopback
+"${usnic_pair_server_pfx[@]}" env UCX_USNIC_BUNDLE_DELAY=0 \
+    "${logs}/ep_scale" -d lo -n 1000 -m "${iters}" >"${logs}/ep_scale.out" ||
+    usnic_die "ep_scale -m failed"
+echo
+echo "Time per short message, round robin on 1 ep and on 1000 eps (lo, BUNDLE_DELAY=0)"
+printf '| %-46s | %10s |\n' "what" "ns"
+printf '|%s|%s|\n' "$(printf -- '-%.0s' {1..48})" "------------"
+awk '/ ns per message/ { split($0, f, ": "); sub(/ ns per message.*/, "",
+    f[2]); printf "| %-46s | %10s |\n", f[1], f[2] }' "${logs}/ep_scale.out"
 
 if [ "${mpi}" = 1 ]; then
     usnic_pair_cleanup

@@ -3,13 +3,17 @@
  *
  * See file LICENSE for terms.
  *
- * Memory an endpoint costs, measured through the public UCT API: opens two
+ * What an endpoint costs, measured through the public UCT API: opens two
  * usnic ifaces on one device, connects N endpoints from the first to the
  * second, sends one message on each and waits until all are acknowledged.
  * Prints the heap in use (malloc'd and mmap'd by malloc) per endpoint on
  * the sending side (the ep) and on the receiving side (its stream).
+ * With -m, then sends M short messages round robin on the first ep alone
+ * and on all N (each one in flight at once: every ep has datagrams waiting
+ * for their ACK), and prints the time per message of each and the ratio.
+ * Run it with UCX_USNIC_BUNDLE_DELAY=0, or one ep gains from bundles.
  *
- *   ep_memory [-d device] [-n endpoints]
+ *   ep_scale [-d device] [-n endpoints] [-m messages]
  */
 
 #include <uct/api/uct.h>
@@ -19,13 +23,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CHECK(_call) \
     do { \
         ucs_status_t _status = (_call); \
         if (_status != UCS_OK) { \
-            fprintf(stderr, "ep_memory: %s: %s\n", #_call, \
+            fprintf(stderr, "ep_scale: %s: %s\n", #_call, \
                     ucs_status_string(_status)); \
             exit(1); \
         } \
@@ -116,7 +121,7 @@ static uct_md_h md_open(uct_component_h component, const char *dev)
     uct_config_release(md_config);
     free(attr.md_resources);
     if (i == attr.md_resource_count) {
-        fprintf(stderr, "ep_memory: no usnic device %s\n", dev);
+        fprintf(stderr, "ep_scale: no usnic device %s\n", dev);
         exit(1);
     }
     return md;
@@ -127,10 +132,49 @@ static ucs_status_t get_iface_addr(uct_iface_h iface, void *addr)
     return uct_iface_get_address(iface, addr);
 }
 
+static double now_sec(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Seconds per message for count messages sent round robin on num_eps eps,
+ * from the first post until the last is received and acknowledged */
+static double send_round_robin(uct_worker_h worker, uct_ep_h *eps,
+                               unsigned num_eps, size_t count)
+{
+    size_t target = received + count, i;
+    double start  = now_sec();
+    unsigned e;
+
+    /* Progress after every post, as an application's send loop does: the
+     * receiver (the same worker) takes each datagram as it comes */
+    for (i = 0; i < count; ++i) {
+        while (uct_ep_am_short(eps[i % num_eps], 0, i, NULL, 0) ==
+               UCS_ERR_NO_RESOURCE) {
+            uct_worker_progress(worker);
+        }
+        uct_worker_progress(worker);
+    }
+    while (received < target) {
+        uct_worker_progress(worker);
+    }
+    for (e = 0; e < num_eps; ++e) {
+        while (uct_ep_flush(eps[e], 0, NULL) != UCS_OK) {
+            uct_worker_progress(worker);
+        }
+    }
+    return (now_sec() - start) / count;
+}
+
 int main(int argc, char **argv)
 {
     const char *dev = "lo";
     unsigned num_eps = 10000, i;
+    size_t messages  = 0;
+    double one, all;
     uct_component_h *components, component = NULL;
     unsigned num_components;
     ucs_async_context_t *async;
@@ -145,15 +189,20 @@ int main(int argc, char **argv)
     size_t before, after_create, after_traffic;
     int c;
 
-    while ((c = getopt(argc, argv, "d:n:")) != -1) {
+    while ((c = getopt(argc, argv, "d:n:m:")) != -1) {
         switch (c) {
         case 'd': dev = optarg; break;
         case 'n': num_eps = strtoul(optarg, NULL, 0); break;
+        case 'm': messages = strtoul(optarg, NULL, 0); break;
         default:
-            fprintf(stderr, "usage: %s [-d device] [-n endpoints]\n",
-                    argv[0]);
+            fprintf(stderr, "usage: %s [-d device] [-n endpoints] "
+                    "[-m messages]\n", argv[0]);
             return 1;
         }
+    }
+    if (num_eps == 0) {
+        fprintf(stderr, "ep_scale: -n must be at least 1\n");
+        return 1;
     }
 
     CHECK(uct_query_components(&components, &num_components));
@@ -165,7 +214,7 @@ int main(int argc, char **argv)
         }
     }
     if (component == NULL) {
-        fprintf(stderr, "ep_memory: no usnic component in this UCX\n");
+        fprintf(stderr, "ep_scale: no usnic component in this UCX\n");
         return 1;
     }
 
@@ -215,6 +264,15 @@ int main(int argc, char **argv)
     printf("sender ep + receiver stream, after traffic: %.0f bytes\n",
            (double)(after_traffic - before) / num_eps);
 
+    if (messages > 0) {
+        one = send_round_robin(worker, eps, 1, messages);
+        all = send_round_robin(worker, eps, num_eps, messages);
+        printf("%zu short messages on 1 ep: %.0f ns per message\n", messages,
+               one * 1e9);
+        printf("%zu short messages on %u eps: %.0f ns per message, %.2fx "
+               "one ep\n", messages, num_eps, all * 1e9, all / one);
+    }
+
     for (i = 0; i < num_eps; ++i) {
         uct_ep_destroy(eps[i]);
     }
@@ -227,5 +285,5 @@ int main(int argc, char **argv)
     uct_worker_destroy(worker);
     ucs_async_context_destroy(async);
     uct_release_component_list(components);
-    return (received == num_eps) ? 0 : 1;
+    return (received == num_eps + 2 * messages) ? 0 : 1;
 }
