@@ -8,7 +8,9 @@
 #  include "config.h"
 #endif
 
+#include "usnic_bundle.h"
 #include "usnic_ep.h"
+#include "usnic_tx.h"
 
 #include <uct/base/uct_iov.inl>
 

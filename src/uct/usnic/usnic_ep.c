@@ -9,8 +9,10 @@
 #endif
 
 #include "usnic_ep.h"
+#include "usnic_bundle.h"
 #include "usnic_get.h"
 #include "usnic_rx.h"
+#include "usnic_tx.h"
 
 #include <uct/base/uct_iov.inl>
 #include <arpa/inet.h>

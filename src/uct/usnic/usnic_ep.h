@@ -205,98 +205,12 @@ ucs_arbiter_cb_result_t uct_usnic_ep_do_pending(ucs_arbiter_t *arbiter,
                                                 void *arg);
 
 
-/* Send engine (usnic_tx.c) */
-
-/* Put one datagram of a message in the window, to be sent by
- * uct_usnic_tx_send_queued(); the caller has entered the iface. Its body is
- * body_length bytes in the buffer, then desc->zcopy's user memory. */
-void uct_usnic_tx_queue_zcopy(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
-                              uint8_t type, uint8_t am_id, uint8_t flags,
-                              size_t body_length);
-
-/* The same for a datagram whose body is all in the buffer */
-static UCS_F_ALWAYS_INLINE void
-uct_usnic_tx_queue(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc, uint8_t type,
-                   uint8_t am_id, uint8_t flags, size_t body_length)
-{
-    desc->zcopy.iovcnt = 0;
-    desc->zcopy.length = 0;
-    desc->zcopy.comp   = NULL;
-    uct_usnic_tx_queue_zcopy(ep, desc, type, am_id, flags, body_length);
-}
-
-/* Send the datagrams queued since first, as one burst */
-void uct_usnic_tx_send_queued(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first);
-
-/* Send one datagram of a message; the caller has entered the iface */
-static UCS_F_ALWAYS_INLINE void
-uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc, uint8_t type,
-                  uint8_t am_id, uint8_t flags, size_t body_length)
-{
-    uct_usnic_tx_queue(ep, desc, type, am_id, flags, body_length);
-    uct_usnic_tx_send_queued(ep, desc);
-}
-
-/* Short AMs to one peer share a datagram (usnic_bundle.c) */
-
-/* Whether the AM was taken into a bundle: UCS_OK; the ep's failure or
- * UCS_ERR_NO_RESOURCE; or UCS_ERR_UNSUPPORTED when it goes on its own */
-ucs_status_t uct_usnic_bundle_am(uct_usnic_ep_t *ep, uint8_t id,
-                                 const uint64_t *header, const uct_iov_t *iov,
-                                 size_t iovcnt, size_t length);
-
-/* Send the ep's bundle; the caller has entered the iface */
-void uct_usnic_bundle_send(uct_usnic_ep_t *ep);
-
-/* Send the bundles that waited long enough, or whose eps' windows drained;
- * all of them with all != 0. The caller has entered the iface */
-void uct_usnic_bundle_progress(uct_usnic_iface_t *iface, int all);
-
-/* Drop the ep's bundle unsent, and forget the messages it holds back; the
- * caller has entered the iface */
-void uct_usnic_bundle_discard(uct_usnic_ep_t *ep);
-
-/* Send a message's datagrams, queued since first, with the ep's next burst
- * when the application posts faster than the wire takes them, else at once;
- * the caller has entered the iface */
-void uct_usnic_bundle_post_msg(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first,
-                               unsigned count);
-
-/* The oldest datagram held back, which the caller now sends with the rest */
-uct_usnic_tx_desc_t *uct_usnic_bundle_take_held(uct_usnic_ep_t *ep);
-
 /* PSN of the first datagram not handed to the provider yet */
 static UCS_F_ALWAYS_INLINE uct_usnic_psn_t
 uct_usnic_ep_unposted_psn(const uct_usnic_ep_t *ep)
 {
     return (ep->held == NULL) ? ep->next_psn : ep->held->psn;
 }
-
-void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
-                             const uct_usnic_ack_ext_t *ack,
-                             uint32_t src_incarnation, uint64_t sack,
-                             uint8_t flags);
-
-unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface);
-
-/* Fail the eps whose peer acknowledged nothing for the timeout */
-void uct_usnic_tx_check_timeouts(uct_usnic_iface_t *iface);
-
-void uct_usnic_tx_window_purge(uct_usnic_ep_t *ep, ucs_status_t status);
-
-/* Complete the flushes that nothing they wait for holds back any more; all
- * of them (with status) when all != 0 */
-void uct_usnic_tx_flush_complete(uct_usnic_ep_t *ep, int all,
-                                 ucs_status_t status);
-
-
-static UCS_F_ALWAYS_INLINE uct_usnic_hdr_t *
-uct_usnic_tx_desc_hdr(uct_usnic_iface_t *iface, uct_usnic_tx_desc_t *desc)
-{
-    return (uct_usnic_hdr_t*)UCS_PTR_BYTE_OFFSET(desc,
-                                                 iface->config.tx_hdr_offset);
-}
-
 
 static UCS_F_ALWAYS_INLINE uct_usnic_iface_t *
 uct_usnic_ep_iface(uct_usnic_ep_t *ep)

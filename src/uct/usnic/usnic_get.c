@@ -10,6 +10,7 @@
 
 #include "usnic_get.h"
 #include "usnic_rx.h"
+#include "usnic_tx.h"
 
 #include <uct/base/uct_iov.inl>
 #include <ucs/debug/log.h>

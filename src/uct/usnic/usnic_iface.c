@@ -9,9 +9,12 @@
 #endif
 
 #include "usnic_iface.h"
+#include "usnic_bundle.h"
 #include "usnic_ep.h"
 #include "usnic_get.h"
+#include "usnic_netif.h"
 #include "usnic_rx.h"
+#include "usnic_tx.h"
 
 #include <ucs/debug/log.h>
 #include <ucs/sys/sock.h>
@@ -22,11 +25,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_endpoint.h>
 #include <arpa/inet.h>
-#include <ifaddrs.h>
 
-
-/* Link speed assumed when the device does not report one, bits/s */
-#define UCT_USNIC_DEFAULT_LINK_SPEED 10e9
 
 /* Ethernet preamble, header, FCS and gap, plus IPv4 and UDP headers */
 #define UCT_USNIC_WIRE_OVERHEAD      (38 + 20 + 8)
@@ -837,46 +836,6 @@ static ucs_status_t uct_usnic_iface_flush(uct_iface_h tl_iface, unsigned flags,
     return UCS_OK;
 }
 
-/* Network prefix length of the interface that holds in_addr */
-static uint8_t uct_usnic_prefix_len(uint32_t in_addr)
-{
-    struct ifaddrs *ifaddrs, *ifa;
-    uint8_t prefix_len = 32;
-
-    if (getifaddrs(&ifaddrs) != 0) {
-        ucs_debug("getifaddrs() failed: %m");
-        return prefix_len;
-    }
-
-    for (ifa = ifaddrs; ifa != NULL; ifa = ifa->ifa_next) {
-        if ((ifa->ifa_addr != NULL) && (ifa->ifa_netmask != NULL) &&
-            (ifa->ifa_addr->sa_family == AF_INET) &&
-            (((struct sockaddr_in*)ifa->ifa_addr)->sin_addr.s_addr ==
-             in_addr)) {
-            prefix_len = __builtin_popcount(
-                ((struct sockaddr_in*)ifa->ifa_netmask)->sin_addr.s_addr);
-            break;
-        }
-    }
-
-    freeifaddrs(ifaddrs);
-    return prefix_len;
-}
-
-/* Link speed from sysfs for a netdev-named domain, in bits/s */
-static double uct_usnic_link_speed(const char *dev_name)
-{
-    long speed_mbps;
-
-    if (ucs_read_file_number(&speed_mbps, 1, "/sys/class/net/%s/speed",
-                             dev_name) != UCS_OK) {
-        return UCT_USNIC_DEFAULT_LINK_SPEED;
-    }
-
-    return (speed_mbps > 0) ? (speed_mbps * 1e6) :
-                              UCT_USNIC_DEFAULT_LINK_SPEED;
-}
-
 static ucs_status_t uct_usnic_iface_init_address(uct_usnic_iface_t *iface,
                                                   const uct_usnic_md_t *md)
 {
@@ -892,7 +851,7 @@ static ucs_status_t uct_usnic_iface_init_address(uct_usnic_iface_t *iface,
     dev_addr->in_addr    = data->addr.sin_addr.s_addr;
     dev_addr->prefix_len = (md->prefix_len != UCT_USNIC_PREFIX_LEN_UNKNOWN) ?
                            md->prefix_len :
-                           uct_usnic_prefix_len(dev_addr->in_addr);
+                           uct_usnic_netif_prefix_len(dev_addr->in_addr);
     dev_addr->ns_id      = ucs_get_system_id() ^
                            (ucs_sys_get_ns(UCS_SYS_NS_TYPE_NET) *
                             0x9e3779b97f4a7c15ul);
@@ -928,7 +887,7 @@ static void uct_usnic_iface_init_costs(uct_usnic_iface_t *iface,
     iface->overhead  = uct_usnic_provider_costs[i].overhead;
     /* The link, or one datagram per overhead on each side if that is less */
     iface->bandwidth = ucs_min(((md->link_speed > 0) ? md->link_speed :
-                                uct_usnic_link_speed(dev_name)) / 8 *
+                                uct_usnic_netif_link_speed(dev_name)) / 8 *
                                iface->config.mtu /
                                (iface->config.mtu + UCT_USNIC_WIRE_OVERHEAD),
                                iface->config.mtu / (2 * iface->overhead));

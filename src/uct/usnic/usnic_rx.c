@@ -11,6 +11,7 @@
 #include "usnic_rx.h"
 #include "usnic_ep.h"
 #include "usnic_get.h"
+#include "usnic_tx.h"
 
 #include <ucs/debug/log.h>
 

@@ -8,6 +8,8 @@
 #  include "config.h"
 #endif
 
+#include "usnic_tx.h"
+#include "usnic_bundle.h"
 #include "usnic_ep.h"
 #include "usnic_get.h"
 #include "usnic_rx.h"

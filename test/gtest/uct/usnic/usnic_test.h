@@ -15,6 +15,7 @@ extern "C" {
 #include <uct/usnic/usnic_ep.h>
 #include <uct/usnic/usnic_iface.h>
 #include <uct/usnic/usnic_proto.h>
+#include <uct/usnic/usnic_tx.h>
 }
 
 #include <netinet/in.h>
