@@ -12,10 +12,13 @@
 
 #include <ucs/debug/log.h>
 #include <ucs/sys/math.h>
+#include <ucs/sys/string.h>
 #include <ucs/sys/sys.h>
 
 #include <hwloc/glibc-sched.h>
+#include <limits.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 
@@ -27,15 +30,23 @@
 #define UCT_USNIC_TOPO_FAR_LATENCY      200e-9
 
 
-/* One topology for the whole process: loading it takes tens of
- * milliseconds (every PCI function is read from sysfs) */
+/*
+ * One topology for the whole process, kept after the last MD closes:
+ * loading it takes tens of milliseconds (every PCI function is read from
+ * sysfs, hwloc's plugins are loaded again), and UCP and ucx_info open and
+ * close MDs many times. It is loaded again only while no MD uses it, and
+ * only if hwloc would now read another source (HWLOC_XMLFILE).
+ */
 static struct {
     pthread_mutex_t  lock;
-    unsigned         refcount;
+    unsigned         refcount; /* MDs using the topology */
+    int              loaded;
     hwloc_topology_t topology; /* NULL if hwloc could not load it */
+    char             source[PATH_MAX]; /* HWLOC_XMLFILE then, or "" */
 } uct_usnic_topo = {
     .lock     = PTHREAD_MUTEX_INITIALIZER,
     .refcount = 0,
+    .loaded   = 0,
     .topology = NULL
 };
 
@@ -61,13 +72,34 @@ static hwloc_topology_t uct_usnic_topo_load(void)
     return topology;
 }
 
+static void uct_usnic_topo_unload(void)
+{
+    if (uct_usnic_topo.topology != NULL) {
+        hwloc_topology_destroy(uct_usnic_topo.topology);
+        uct_usnic_topo.topology = NULL;
+    }
+    uct_usnic_topo.loaded = 0;
+}
+
 static hwloc_topology_t uct_usnic_topo_get(void)
 {
+    const char *source = getenv("HWLOC_XMLFILE");
     hwloc_topology_t topology;
 
+    if (source == NULL) {
+        source = "";
+    }
+
     pthread_mutex_lock(&uct_usnic_topo.lock);
-    if (uct_usnic_topo.refcount++ == 0) {
+    if ((uct_usnic_topo.refcount++ == 0) &&
+        (!uct_usnic_topo.loaded || strcmp(source, uct_usnic_topo.source))) {
+        uct_usnic_topo_unload();
         uct_usnic_topo.topology = uct_usnic_topo_load();
+        uct_usnic_topo.loaded   = 1;
+        ucs_strncpy_zero(uct_usnic_topo.source, source,
+                         sizeof(uct_usnic_topo.source));
+        ucs_debug("usnic: hwloc topology loaded from %s",
+                  (*source != '\0') ? source : "this machine");
     }
     topology = uct_usnic_topo.topology;
     pthread_mutex_unlock(&uct_usnic_topo.lock);
@@ -78,12 +110,12 @@ static void uct_usnic_topo_put(void)
 {
     pthread_mutex_lock(&uct_usnic_topo.lock);
     ucs_assert(uct_usnic_topo.refcount > 0);
-    if ((--uct_usnic_topo.refcount == 0) &&
-        (uct_usnic_topo.topology != NULL)) {
-        hwloc_topology_destroy(uct_usnic_topo.topology);
-        uct_usnic_topo.topology = NULL;
-    }
+    --uct_usnic_topo.refcount;
     pthread_mutex_unlock(&uct_usnic_topo.lock);
+}
+
+UCS_STATIC_CLEANUP {
+    uct_usnic_topo_unload();
 }
 
 static hwloc_obj_t uct_usnic_topo_find_pci_dev(hwloc_topology_t topology,

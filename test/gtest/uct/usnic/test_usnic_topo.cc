@@ -23,7 +23,7 @@ public:
     void init()
     {
         /* No entity before the variable is set: the topology is loaded
-         * when the first usnic MD opens and shared until the last closes */
+         * again only while no usnic MD is open */
         uct_test::init();
         ASSERT_EQ(0, sched_getaffinity(0, sizeof(m_affinity), &m_affinity));
         for (m_cpu = 0; !CPU_ISSET(m_cpu, &m_affinity); ++m_cpu) {
@@ -36,19 +36,13 @@ public:
         CPU_ZERO(&one);
         CPU_SET(m_cpu, &one);
         ASSERT_EQ(0, sched_setaffinity(0, sizeof(one), &one));
-
-        char path[] = "/tmp/usnic_topo_XXXXXX";
-        int fd      = mkstemp(path);
-        ASSERT_GE(fd, 0);
-        close(fd);
-        m_path = path;
     }
 
     void cleanup()
     {
         uct_test::cleanup();
-        if (!m_path.empty()) {
-            unlink(m_path.c_str());
+        for (const std::string &file : m_files) {
+            unlink(file.c_str());
         }
         sched_setaffinity(0, sizeof(m_affinity), &m_affinity);
     }
@@ -61,13 +55,20 @@ protected:
     void open_device(const std::string &xml, double *latency,
                      ucs_sys_device_t *sys_device)
     {
+        char path[]                = "/tmp/usnic_topo_XXXXXX";
         uct_tl_resource_desc_t *resources;
         unsigned num_resources;
+        int fd;
 
+        /* A file of its own each time, kept until the test ends: the
+         * topology is loaded again only when hwloc's source changes */
         if (!xml.empty()) {
-            std::ofstream(m_path.c_str()) << xml;
-            m_env.reset(new ucs::scoped_setenv("HWLOC_XMLFILE",
-                                               m_path.c_str()));
+            fd = mkstemp(path);
+            ASSERT_GE(fd, 0);
+            close(fd);
+            m_files.push_back(path);
+            std::ofstream(path) << xml;
+            m_env.reset(new ucs::scoped_setenv("HWLOC_XMLFILE", path));
         }
 
         entity *e   = uct_test::create_entity(0);
@@ -82,7 +83,6 @@ protected:
         }
         uct_release_tl_resource_list(resources);
 
-        /* Closing the MD releases the topology: the next one loads anew */
         delete e;
         m_env.reset();
     }
@@ -155,8 +155,8 @@ private:
 
     cpu_set_t                           m_affinity;
     unsigned                            m_cpu;
-    std::string                         m_path; /* The topology file */
     std::unique_ptr<ucs::scoped_setenv> m_env;
+    std::vector<std::string>            m_files; /* Topologies written */
 };
 
 UCS_TEST_P(test_usnic_topo, virtual_device) {
