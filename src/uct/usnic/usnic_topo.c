@@ -60,6 +60,14 @@ static hwloc_topology_t uct_usnic_topo_load(void)
         return NULL;
     }
 
+#if HWLOC_API_VERSION >= 0x00020100
+    /* Linux's sysfs gives hwloc the PCI functions as well; its libpciaccess
+     * component adds nothing here, and leaks what it allocates */
+    hwloc_topology_set_components(topology,
+                                  HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST,
+                                  "pci");
+#endif
+
     /* PCI functions and their network interfaces are what we look for */
     if ((hwloc_topology_set_io_types_filter(
                  topology, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) != 0) ||
