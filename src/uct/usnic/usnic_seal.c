@@ -213,18 +213,50 @@ static int uct_usnic_seal_mac_equal(const uint8_t *a, const uint8_t *b)
 
 #endif
 
+/* XXH3 by the library, for CPUs without AVX2 */
+static uint64_t uct_usnic_seal_checksum_generic(const uct_usnic_seal_t *seal,
+                                                const struct iovec *iov,
+                                                unsigned iovcnt)
+{
+    unsigned i;
+
+    if (iovcnt == 1) {
+        return XXH3_64bits(iov[0].iov_base, iov[0].iov_len);
+    }
+
+    XXH3_64bits_reset(seal->hash);
+    for (i = 0; i < iovcnt; ++i) {
+        XXH3_64bits_update(seal->hash, iov[i].iov_base, iov[i].iov_len);
+    }
+    return XXH3_64bits_digest(seal->hash);
+}
+
+static uct_usnic_seal_checksum_func_t uct_usnic_seal_checksum_func(void)
+{
+#if UCT_USNIC_SEAL_HAVE_AVX2
+    /* Not ucs_arch_get_cpu_flag(): UCX 1.13 reads CPUID leaf 7 without
+     * clearing the subleaf and misses AVX2 on some CPUs */
+    if (__builtin_cpu_supports("avx2")) {
+        return uct_usnic_seal_checksum_avx2;
+    }
+#endif
+    return uct_usnic_seal_checksum_generic;
+}
+
 ucs_status_t uct_usnic_seal_init(uct_usnic_seal_t *seal,
                                  uct_usnic_seal_type_t type,
                                  const uct_usnic_seal_key_t *key)
 {
-    seal->type   = type;
-    seal->length = uct_usnic_seal_length(type);
-    seal->hash   = NULL;
-    seal->keyed  = NULL;
+    seal->type     = type;
+    seal->length   = uct_usnic_seal_length(type);
+    seal->checksum = NULL;
+    seal->hash     = NULL;
+    seal->keyed    = NULL;
 
     switch (type) {
     case UCT_USNIC_SEAL_CHECKSUM:
-        seal->hash = XXH3_createState();
+        seal->checksum = uct_usnic_seal_checksum_func();
+        seal->hash     = XXH3_createState();
         if (seal->hash == NULL) {
             ucs_error("failed to allocate the checksum state");
             return UCS_ERR_NO_MEMORY;
@@ -247,24 +279,6 @@ void uct_usnic_seal_cleanup(uct_usnic_seal_t *seal)
     }
 }
 
-/* Checksum: XXH3, cut to its low 32 bits */
-static uint32_t uct_usnic_seal_checksum(const uct_usnic_seal_t *seal,
-                                        const struct iovec *iov,
-                                        unsigned iovcnt)
-{
-    unsigned i;
-
-    if (iovcnt == 1) {
-        return (uint32_t)XXH3_64bits(iov[0].iov_base, iov[0].iov_len);
-    }
-
-    XXH3_64bits_reset(seal->hash);
-    for (i = 0; i < iovcnt; ++i) {
-        XXH3_64bits_update(seal->hash, iov[i].iov_base, iov[i].iov_len);
-    }
-    return (uint32_t)XXH3_64bits_digest(seal->hash);
-}
-
 /* The seal of a datagram, into buf (UCT_USNIC_SEAL_MAX_LEN bytes) */
 static void uct_usnic_seal_compute(const uct_usnic_seal_t *seal,
                                    const struct iovec *iov, unsigned iovcnt,
@@ -273,7 +287,7 @@ static void uct_usnic_seal_compute(const uct_usnic_seal_t *seal,
     uint32_t checksum;
 
     if (seal->type == UCT_USNIC_SEAL_CHECKSUM) {
-        checksum = uct_usnic_seal_checksum(seal, iov, iovcnt);
+        checksum = seal->checksum(seal, iov, iovcnt);
         memcpy(buf, &checksum, sizeof(checksum));
     } else {
         uct_usnic_seal_mac(seal, iov, iovcnt, buf);

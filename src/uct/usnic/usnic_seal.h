@@ -40,12 +40,30 @@ typedef struct uct_usnic_seal_key {
 } uct_usnic_seal_key_t;
 
 
-typedef struct uct_usnic_seal {
-    uct_usnic_seal_type_t type;
-    size_t                length;   /* Bytes at the end of a datagram */
-    struct XXH3_state_s   *hash;    /* Checksum of a datagram in pieces */
-    void                  *keyed;   /* MAC state after the key */
-} uct_usnic_seal_t;
+typedef struct uct_usnic_seal uct_usnic_seal_t;
+
+
+/* XXH3 of a datagram in one or more pieces */
+typedef uint64_t (*uct_usnic_seal_checksum_func_t)(const uct_usnic_seal_t *seal,
+                                                   const struct iovec *iov,
+                                                   unsigned iovcnt);
+
+
+struct uct_usnic_seal {
+    uct_usnic_seal_type_t          type;
+    size_t                         length; /* Bytes at the end of a datagram */
+    uct_usnic_seal_checksum_func_t checksum;
+    struct XXH3_state_s            *hash;  /* For the library's XXH3 */
+    void                           *keyed; /* MAC state after the key */
+};
+
+
+/* GCC builds code for AVX2 in a file compiled for any x86-64 */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#  define UCT_USNIC_SEAL_HAVE_AVX2 1
+#else
+#  define UCT_USNIC_SEAL_HAVE_AVX2 0
+#endif
 
 
 static inline size_t uct_usnic_seal_length(uct_usnic_seal_type_t type)
@@ -93,6 +111,13 @@ void uct_usnic_seal_put_iov(const uct_usnic_seal_t *seal,
  * *length_p to the length without the seal */
 int uct_usnic_seal_check(const uct_usnic_seal_t *seal, const void *datagram,
                          size_t *length_p);
+
+
+#if UCT_USNIC_SEAL_HAVE_AVX2
+uint64_t uct_usnic_seal_checksum_avx2(const uct_usnic_seal_t *seal,
+                                      const struct iovec *iov,
+                                      unsigned iovcnt);
+#endif
 
 
 /* Name of a seal type, for logs */

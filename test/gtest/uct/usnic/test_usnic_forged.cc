@@ -16,6 +16,10 @@ extern "C" {
 #include <functional>
 #include <vector>
 
+/* The checksum's reference: XXH3 compiled into this file, for any CPU */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 
 /*
  * Datagrams forged off the path: by someone who knows the protocol, the
@@ -216,6 +220,51 @@ UCS_TEST_P(test_usnic_forged, altered_copy_dropped) {
     send_and_wait(m_receiver, UCT_USNIC_CHANNEL_DATA, dgram, length, false);
     ASSERT_EQ(2u, m_payloads.size());
     EXPECT_EQ(2u, m_payloads.back());
+}
+
+/*
+ * Peers on different CPUs must agree: the checksum is the low 32 bits of
+ * XXH3 over the datagram whether it is sealed in one piece or in several,
+ * and whichever code computes it (AVX2 where the CPU has it). Lengths cross
+ * XXH3's internal thresholds (16, 128, 240 bytes, its 256-byte buffer, its
+ * 1024-byte blocks).
+ */
+UCS_TEST_P(test_usnic_forged, checksum_is_xxh3) {
+    static const size_t lengths[] = {1,    8,    16,   17,   128,  129, 240,
+                                     241,  255,  256,  257,  1023, 1024,
+                                     1025, 1472, 4097, 8996};
+    const uct_usnic_seal_t *seal =
+            &usnic_iface(m_receiver)->channels[UCT_USNIC_CHANNEL_DATA].seal;
+    std::vector<uint8_t> data(9000), whole, head, middle, tail;
+    struct iovec iov[3];
+    uint32_t expected, sealed;
+    size_t cut, tail_start;
+
+    ASSERT_EQ(UCT_USNIC_SEAL_CHECKSUM, seal->type);
+    ucs::fill_random(data);
+    for (size_t length : lengths) {
+        expected = (uint32_t)XXH3_64bits(&data[0], length);
+
+        whole.assign(data.begin(), data.begin() + length);
+        whole.resize(length + UCT_USNIC_SEAL_MAX_LEN);
+        uct_usnic_seal_put(seal, &whole[0], length);
+        memcpy(&sealed, &whole[length], sizeof(sealed));
+        EXPECT_EQ(expected, sealed) << length << " bytes in one piece";
+
+        /* A header, the user's data and a trailer, as zero-copy sends */
+        cut        = ucs_min(length, 27);
+        tail_start = ucs_max(cut, length - length / 9);
+        head.assign(data.begin(), data.begin() + cut);
+        middle.assign(data.begin() + cut, data.begin() + tail_start);
+        tail.assign(data.begin() + tail_start, data.begin() + length);
+        tail.resize(length - tail_start + UCT_USNIC_SEAL_MAX_LEN);
+        iov[0] = {&head[0], head.size()};
+        iov[1] = {middle.empty() ? NULL : &middle[0], middle.size()};
+        iov[2] = {&tail[0], length - tail_start};
+        uct_usnic_seal_put_iov(seal, iov, 3);
+        memcpy(&sealed, &tail[length - tail_start], sizeof(sealed));
+        EXPECT_EQ(expected, sealed) << length << " bytes in three pieces";
+    }
 }
 
 /* A forged open trailer cannot take over a stream that exists */
