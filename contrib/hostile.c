@@ -248,11 +248,22 @@ static uct_usnic_hdr_t *parse(uint8_t *dgram, size_t length)
     return hdr;
 }
 
+/* Records of a standalone ACK; 0 if it is none */
+static size_t ack_recs(const uct_usnic_hdr_t *hdr, size_t length)
+{
+    size_t head = sizeof(*hdr) + sizeof(uct_usnic_ack_body_t) +
+                  hostile.seal_len;
+
+    if ((hdr->type != UCT_USNIC_PKT_ACK) || (length <= head) ||
+        (((length - head) % sizeof(uct_usnic_ack_rec_t)) != 0)) {
+        return 0;
+    }
+    return (length - head) / sizeof(uct_usnic_ack_rec_t);
+}
+
 static int is_ack(const uct_usnic_hdr_t *hdr, size_t length)
 {
-    return (hdr->type == UCT_USNIC_PKT_ACK) &&
-           (length == (sizeof(*hdr) + sizeof(uct_usnic_ack_body_t) +
-                       hostile.seal_len));
+    return ack_recs(hdr, length) > 0;
 }
 
 /* One altered copy of a genuine datagram of the given kind; 0 if the kind
@@ -261,13 +272,12 @@ static size_t forge(hostile_kind_t kind, const uint8_t *orig, size_t length,
                     uint8_t *dgram)
 {
     uct_usnic_hdr_t *hdr;
-    uct_usnic_ack_body_t *ack;
+    uct_usnic_ack_rec_t *ack;
     uct_usnic_open_ext_t *open;
     size_t i, body;
 
     memcpy(dgram, orig, length);
     hdr = parse(dgram, length);
-    ack = (hdr != NULL) ? (uct_usnic_ack_body_t*)(hdr + 1) : NULL;
 
     switch (kind) {
     case KIND_REPLAY:
@@ -300,6 +310,9 @@ static size_t forge(hostile_kind_t kind, const uint8_t *orig, size_t length,
         if ((hdr == NULL) || !is_ack(hdr, length)) {
             return 0;
         }
+        /* One stream's ACK among those the datagram carries */
+        ack = (uct_usnic_ack_rec_t*)((uct_usnic_ack_body_t*)(hdr + 1) + 1) +
+              rand64() % ack_recs(hdr, length);
         ack->ack.token = rand64();
         ack->ack.psn  += 1 + rand64() % 8;
         break;

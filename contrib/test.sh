@@ -9,7 +9,8 @@
 #      UCX_USNIC_AUTH_KEY MAC on every datagram (when UCX was configured
 #      with libsodium), and over libfabric's udp;
 #   2. UCX's generic UCT gtests instantiated for usnic (usnic/*), over
-#      both providers too;
+#      both providers too (test_uct_pending with bundling off over the
+#      default provider);
 #   1-2 again over libfabric's udp provider with the usnic provider's
 #      demands forced on it (UCX_USNIC_FORCE_MSG_PREFIX, _FORCE_MR_LOCAL,
 #      _FORCE_AV_MAP: the Cisco VIC code paths);
@@ -184,6 +185,12 @@ run_ucp_matrix() {
 
 own='usnic/test_usnic_*'
 ucp='usnic/test_ucp_*'
+# UCX's pending tests fill an ep with 10,000 short AMs posted without
+# progress; bundles carry them in about 143 datagrams, within the kernel
+# provider's window, so the tests skip, and one (send_ooo_with_comp) leaves
+# an am_zcopy completion on its unwound stack for the ep's destroy to
+# complete. With bundling off the window fills and the tests run.
+pending='usnic/test_uct_pending*'
 
 # UCX's UCP suites named, each in a gtest run of its own
 run_ucp_suites() {
@@ -291,7 +298,8 @@ else
     if [[ "${vic_suites}" == *" own "* ]]; then
         run_suite usnic-own-vic "${own}" "${vic_env[@]}"
     fi
-    run_suite usnic-generic "usnic/*-${own}:${ucp}"
+    run_suite usnic-generic "usnic/*-${own}:${ucp}:${pending}"
+    run_suite usnic-generic-pending "${pending}" UCX_USNIC_BUNDLE_DELAY=0
     run_ucp_suites "${ucp_suites[0]}"
     join_second_lane
 fi

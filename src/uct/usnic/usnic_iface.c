@@ -68,6 +68,7 @@ static ucs_stats_class_t uct_usnic_iface_stats_class = {
         [UCT_USNIC_IFACE_STAT_TX_TAIL_PROBES]       = "tx_tail_probes",
         [UCT_USNIC_IFACE_STAT_TX_READS_REVOKED]     = "tx_reads_revoked",
         [UCT_USNIC_IFACE_STAT_TX_ACKS]              = "tx_acks",
+        [UCT_USNIC_IFACE_STAT_TX_ACK_DGRAMS]        = "tx_ack_datagrams",
         [UCT_USNIC_IFACE_STAT_TX_PIGGY_ACKS]        = "tx_piggy_acks",
         [UCT_USNIC_IFACE_STAT_TX_BUNDLED]           = "tx_bundled",
         [UCT_USNIC_IFACE_STAT_TX_HELD]              = "tx_held",
@@ -795,25 +796,6 @@ void uct_usnic_iface_av_remove(uct_usnic_iface_t *iface, uint32_t in_addr,
     uct_usnic_av_remove(&iface->av, &addr);
 }
 
-void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
-                               const void *packet, size_t length)
-{
-    uct_usnic_channel_t *channel = &iface->channels[UCT_USNIC_CHANNEL_PRIO];
-    void *buffer                 = ucs_alloca(channel->prefix_size + length +
-                                              UCT_USNIC_SEAL_MAX_LEN);
-    ssize_t ret;
-
-    /* The provider may want room for its own header in front */
-    memcpy(UCS_PTR_BYTE_OFFSET(buffer, channel->prefix_size), packet, length);
-
-    /* A lost control packet is recovered by the protocol: no retry here */
-    ret = uct_usnic_channel_send(channel, buffer, length, dest);
-    if ((ret != 0) && (ret != -FI_EAGAIN)) {
-        ucs_diag("%s: sending a control packet failed: %s", channel->name,
-                 fi_strerror(-ret));
-    }
-}
-
 static ucs_status_t uct_usnic_iface_flush(uct_iface_h tl_iface, unsigned flags,
                                           uct_completion_t *comp)
 {
@@ -1032,8 +1014,19 @@ uct_usnic_iface_init_buffers(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
         goto err_get_mp;
     }
 
+    iface->ack_buf = ucs_malloc(iface->config.prefix +
+                                sizeof(uct_usnic_ack_packet_t) +
+                                UCT_USNIC_SEAL_MAX_LEN, "usnic_ack_buf");
+    if (iface->ack_buf == NULL) {
+        ucs_error("failed to allocate usnic ACK buffer");
+        status = UCS_ERR_NO_MEMORY;
+        goto err_bcopy_buf;
+    }
+
     return UCS_OK;
 
+err_bcopy_buf:
+    ucs_free(iface->bcopy_buf);
 err_get_mp:
     ucs_mpool_cleanup(&iface->get_mp, 1);
 err_am_buf_mp:
@@ -1045,6 +1038,7 @@ err_tx_mp:
 
 static void uct_usnic_iface_cleanup_buffers(uct_usnic_iface_t *iface)
 {
+    ucs_free(iface->ack_buf);
     ucs_free(iface->bcopy_buf);
     ucs_mpool_cleanup(&iface->get_mp, 1);
     ucs_mpool_cleanup(&iface->am_buf_mp, 1);
@@ -1132,6 +1126,10 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
                                               config->window);
     iface->config.ack_freq          = config->ack_freq;
     iface->config.ack_delay         = ucs_time_from_sec(config->ack_delay);
+    iface->config.ack_max_recs      = ucs_max(1, ucs_min(
+            UCT_USNIC_ACK_MAX_RECS,
+            (iface->config.mtu - sizeof(uct_usnic_hdr_t) -
+             sizeof(uct_usnic_ack_body_t)) / sizeof(uct_usnic_ack_rec_t)));
     /* Records of a bundle lie at any offset: no alignment for them */
     iface->config.bundle_delay      =
             ((params->field_mask & UCT_IFACE_PARAM_FIELD_AM_ALIGNMENT) &&
@@ -1498,7 +1496,8 @@ static void uct_usnic_iface_log_stats(uct_usnic_iface_t *iface)
                      "usnic iface %p (%s): tx %lu datagrams, %lu AMs bundled, "
                      "%lu messages held back, %lu resent (%lu timeouts, "
                      "%lu tail probes, %lu read replies revoked), %lu streams "
-                     "opened again, %lu standalone and %lu piggy-backed ACKs; "
+                     "opened again, %lu standalone ACKs in %lu datagrams and "
+                     "%lu piggy-backed; "
                      "rx %lu datagrams, %lu ACKs, %lu streams reclaimed; "
                      "dropped: %lu invalid, %lu stale, %lu forged, "
                      "%lu no stream, %lu duplicate, %lu out of window, "
@@ -1514,6 +1513,7 @@ static void uct_usnic_iface_log_stats(uct_usnic_iface_t *iface)
                      stats[UCT_USNIC_IFACE_STAT_TX_READS_REVOKED],
                      stats[UCT_USNIC_IFACE_STAT_TX_REOPENS],
                      stats[UCT_USNIC_IFACE_STAT_TX_ACKS],
+                     stats[UCT_USNIC_IFACE_STAT_TX_ACK_DGRAMS],
                      stats[UCT_USNIC_IFACE_STAT_TX_PIGGY_ACKS],
                      stats[UCT_USNIC_IFACE_STAT_RX_PACKETS],
                      stats[UCT_USNIC_IFACE_STAT_RX_ACKS],

@@ -74,6 +74,7 @@ enum {
     UCT_USNIC_IFACE_STAT_TX_READS_REVOKED, /* Reply datagrams resent as
                                               refusals: memory gone */
     UCT_USNIC_IFACE_STAT_TX_ACKS,        /* Standalone */
+    UCT_USNIC_IFACE_STAT_TX_ACK_DGRAMS,  /* Datagrams they went in */
     UCT_USNIC_IFACE_STAT_TX_PIGGY_ACKS,  /* Carried by AM packets */
     UCT_USNIC_IFACE_STAT_TX_BUNDLED,     /* AMs sent in bundles */
     UCT_USNIC_IFACE_STAT_TX_HELD,        /* Messages held back to share a
@@ -251,6 +252,9 @@ typedef struct uct_usnic_iface {
     uint32_t                next_get_serial;
     khash_t(uct_usnic_reply_eps) reply_eps;
     void                    *bcopy_buf;    /* Packs a multi-datagram AM/PUT */
+    void                    *ack_buf;      /* Standalone ACKs are built here,
+                                              behind the provider's prefix:
+                                              not on the stack, at 1 KB */
     ucs_time_t              put_refused_logged; /* Last log of a refused
                                                    remote write */
     unsigned long           put_refused_unlogged;
@@ -277,6 +281,7 @@ typedef struct uct_usnic_iface {
         unsigned            cwnd_min;
         unsigned            ack_freq;
         ucs_time_t          ack_delay;
+        unsigned            ack_max_recs;  /* Streams per ACK datagram */
         ucs_time_t          bundle_delay;  /* 0: no bundles */
         ucs_time_t          hold_delay;    /* 0: every message sent at once */
         ucs_time_t          rto_min;
@@ -322,9 +327,6 @@ void uct_usnic_iface_peer_unlink(uct_usnic_iface_t *iface,
  * all after the stream opened */
 int uct_usnic_iface_peer_closed(uct_usnic_iface_t *iface,
                                 const struct uct_usnic_rx_stream *stream);
-
-void uct_usnic_iface_send_ctrl(uct_usnic_iface_t *iface, fi_addr_t dest,
-                               const void *packet, size_t length);
 
 /* Keep the async timer out while the iface state and libfabric objects
  * are in use from the user's thread */

@@ -18,7 +18,7 @@
  * All fields are little-endian, except addresses and ports (network order).
  */
 
-#define UCT_USNIC_PROTO_VERSION 4
+#define UCT_USNIC_PROTO_VERSION 5
 
 /* Stream id of a packet whose sender does not know the receiver's stream
  * yet: the packet carries an open extension instead */
@@ -59,7 +59,7 @@ enum {
 };
 
 
-/* Flags of a standalone ACK */
+/* Flags of one stream's ACK in a standalone ACK */
 enum {
     /* The acknowledged ep probed (ep_check) an iface that has closed every
      * ep it had to the prober's iface: the connection is gone */
@@ -74,7 +74,7 @@ enum {
 typedef struct uct_usnic_hdr {
     uint8_t  version;     /* UCT_USNIC_PROTO_VERSION */
     uint8_t  type;        /* uct_usnic_pkt_type_t */
-    uint8_t  flags;       /* UCT_USNIC_PKT_FLAG_xx, ACK: ACK_FLAG_xx */
+    uint8_t  flags;       /* UCT_USNIC_PKT_FLAG_xx, ACK: 0 */
     uint8_t  am_id;       /* AM id of an AM packet, else 0 */
     uint32_t incarnation; /* Receiving iface's incarnation */
     uint32_t stream_id;   /* AM, PUT: receiver's stream; ACK: 0 */
@@ -173,17 +173,41 @@ typedef struct uct_usnic_ack_ext {
 } UCS_S_PACKED uct_usnic_ack_ext_t;
 
 
-/**
- * Body of a standalone ACK. A piggy-backed ACK needs neither field: it comes
- * from the incarnation of its packet's stream and never reports holes.
- */
 /* Datagrams past the first hole a selective ACK can report */
 #define UCT_USNIC_SACK_RANGE 64
 
+
+/**
+ * Start of the body of a standalone ACK; one record per acknowledged stream
+ * follows. The records of one datagram are for eps of the iface it goes to,
+ * from streams of the iface that sends it: one datagram, not one per
+ * stream, answers a peer that sends on many eps at once.
+ */
 typedef struct uct_usnic_ack_body {
-    uct_usnic_ack_ext_t ack;
-    uint32_t            src_incarnation; /* Acknowledging iface */
-    uint64_t            sack;            /* Bit i: psn + 2 + i arrived */
+    uint32_t src_incarnation; /* Acknowledging iface */
 } UCS_S_PACKED uct_usnic_ack_body_t;
+
+
+/**
+ * One stream's ACK in a standalone ACK. A piggy-backed ACK needs none of
+ * the fields after the first: it never reports holes nor closed peers.
+ */
+typedef struct uct_usnic_ack_rec {
+    uct_usnic_ack_ext_t ack;
+    uint32_t            flags; /* UCT_USNIC_ACK_FLAG_xx */
+    uint64_t            sack;  /* Bit i: psn + 2 + i arrived */
+} UCS_S_PACKED uct_usnic_ack_rec_t;
+
+
+/* Most records in one standalone ACK (1,052 bytes) */
+#define UCT_USNIC_ACK_MAX_RECS 32
+
+
+/* The largest standalone ACK */
+typedef struct uct_usnic_ack_packet {
+    uct_usnic_hdr_t      hdr;
+    uct_usnic_ack_body_t body;
+    uct_usnic_ack_rec_t  recs[UCT_USNIC_ACK_MAX_RECS];
+} UCS_S_PACKED uct_usnic_ack_packet_t;
 
 #endif

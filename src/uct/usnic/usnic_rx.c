@@ -15,6 +15,7 @@
 
 #include <ucs/debug/log.h>
 
+#include <rdma/fi_errno.h>
 #include <arpa/inet.h>
 
 
@@ -926,58 +927,118 @@ void uct_usnic_rx_ack_take(uct_usnic_rx_stream_t *stream,
     ucs_list_head_init(&stream->ack_list);
 }
 
-static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
-                                  uct_usnic_rx_stream_t *stream)
+/* A stream's record in a standalone ACK; the stream owes nothing after */
+static void uct_usnic_rx_ack_rec(uct_usnic_iface_t *iface,
+                                 uct_usnic_rx_stream_t *stream,
+                                 uct_usnic_ack_rec_t *rec)
 {
     unsigned reach = iface->config.ooo_ring_size;
-    struct {
-        uct_usnic_hdr_t      hdr;
-        uct_usnic_ack_body_t body;
-    } UCS_S_PACKED packet;
     unsigned i;
 
-    packet.hdr.version          = UCT_USNIC_PROTO_VERSION;
-    packet.hdr.type             = UCT_USNIC_PKT_ACK;
-    packet.hdr.flags            = 0;
+    rec->flags = 0;
     if (ucs_unlikely(stream->closed_reply) &&
         uct_usnic_iface_peer_closed(iface, stream)) {
-        packet.hdr.flags        = UCT_USNIC_ACK_FLAG_CLOSED;
+        rec->flags = UCT_USNIC_ACK_FLAG_CLOSED;
     }
-    packet.hdr.am_id            = 0;
-    packet.hdr.incarnation      = uct_usnic_rx_stream_peer(stream);
-    packet.hdr.stream_id        = 0;
-    packet.hdr.psn              = 0;
-    packet.hdr.token            = 0;
-    packet.body.src_incarnation = iface->incarnation;
-    packet.body.sack            = 0;
 
+    rec->sack = 0;
     if (stream->ooo_count > 0) {
         for (i = 0; i < ucs_min(64, reach - 1); ++i) {
             if (stream->ooo[uct_usnic_rx_ooo_slot(
                         iface, stream->expected_psn + 1 + i)] != NULL) {
-                packet.body.sack |= UCS_BIT(i);
+                rec->sack |= UCS_BIT(i);
             }
         }
     }
 
-    uct_usnic_rx_ack_take(stream, &packet.body.ack);
-    UCT_USNIC_IFACE_STAT_ADD(iface, TX_ACKS, 1);
-    uct_usnic_iface_send_ctrl(iface, stream->ack_fi_addr, &packet,
-                              sizeof(packet));
+    uct_usnic_rx_ack_take(stream, &rec->ack);
+}
+
+static UCS_F_ALWAYS_INLINE int
+uct_usnic_rx_ack_same_peer(const uct_usnic_rx_stream_t *a,
+                           const uct_usnic_rx_stream_t *b)
+{
+    return (a->ack_fi_addr == b->ack_fi_addr) &&
+           (uct_usnic_rx_stream_peer(a) == uct_usnic_rx_stream_peer(b));
+}
+
+/*
+ * One standalone ACK datagram for stream, and in it the ACKs of other
+ * streams from the same peer iface that owe one, due or not: a peer sending
+ * on many eps gets one ACK datagram for many streams (with 1,000 eps, each
+ * stream's next packet came so late that every packet earned its own ACK).
+ * Only streams scheduled after this one are looked at, a bounded number of
+ * them, so that a list of streams of many peers costs no more than before.
+ */
+static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
+                                  uct_usnic_rx_stream_t *stream)
+{
+    uct_usnic_channel_t *channel   = &iface->channels[UCT_USNIC_CHANNEL_PRIO];
+    uct_usnic_ack_packet_t *packet = UCS_PTR_BYTE_OFFSET(iface->ack_buf,
+                                                         channel->prefix_size);
+    unsigned max_recs              = iface->config.ack_max_recs;
+    unsigned scan                  = UCT_USNIC_ACK_SCAN;
+    uct_usnic_rx_stream_t *other;
+    ucs_list_link_t *link;
+    unsigned count;
+    ssize_t ret;
+
+    packet->hdr.version          = UCT_USNIC_PROTO_VERSION;
+    packet->hdr.type             = UCT_USNIC_PKT_ACK;
+    packet->hdr.flags            = 0;
+    packet->hdr.am_id            = 0;
+    packet->hdr.incarnation      = uct_usnic_rx_stream_peer(stream);
+    packet->hdr.stream_id        = 0;
+    packet->hdr.psn              = 0;
+    packet->hdr.token            = 0;
+    packet->body.src_incarnation = iface->incarnation;
+
+    link = stream->ack_list.next;
+    uct_usnic_rx_ack_rec(iface, stream, &packet->recs[0]);
+    count = 1;
+    while ((count < max_recs) && (scan-- > 0) &&
+           (link != &iface->ack_streams)) {
+        other = ucs_container_of(link, uct_usnic_rx_stream_t, ack_list);
+        link  = link->next;
+        if (uct_usnic_rx_ack_same_peer(other, stream)) {
+            uct_usnic_rx_ack_rec(iface, other, &packet->recs[count++]);
+        }
+    }
+
+    UCT_USNIC_IFACE_STAT_ADD(iface, TX_ACKS, count);
+    UCT_USNIC_IFACE_STAT_ADD(iface, TX_ACK_DGRAMS, 1);
+
+    /* A lost ACK is recovered by the protocol: no retry here */
+    ret = uct_usnic_channel_send(channel, iface->ack_buf,
+                                 ucs_offsetof(uct_usnic_ack_packet_t, recs) +
+                                 (count * sizeof(packet->recs[0])),
+                                 stream->ack_fi_addr);
+    if ((ret != 0) && (ret != -FI_EAGAIN)) {
+        ucs_diag("%s: sending an ACK failed: %s", channel->name,
+                 fi_strerror(-ret));
+    }
 }
 
 unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface, int all)
 {
-    ucs_time_t now = ucs_get_time();
-    uct_usnic_rx_stream_t *stream, *tmp;
-    unsigned count = 0;
+    ucs_time_t now         = ucs_get_time();
+    ucs_list_link_t *link  = iface->ack_streams.next;
+    unsigned count         = 0;
+    uct_usnic_rx_stream_t *stream;
+    ucs_list_link_t *prev;
 
-    ucs_list_for_each_safe(stream, tmp, &iface->ack_streams, ack_list) {
+    /* Sending takes the stream and maybe some after it off the list, never
+     * one before it */
+    while (link != &iface->ack_streams) {
+        stream = ucs_container_of(link, uct_usnic_rx_stream_t, ack_list);
         if (!all && !uct_usnic_rx_ack_due(iface, stream, now)) {
+            link = link->next;
             continue;
         }
 
+        prev = link->prev;
         uct_usnic_rx_send_ack(iface, stream);
+        link = prev->next;
         ++count;
     }
 
@@ -992,16 +1053,18 @@ ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
                                                 uct_usnic_iface_t);
     const uct_usnic_hdr_t *hdr = data;
     const uct_usnic_ack_body_t *body;
+    const uct_usnic_ack_rec_t *rec, *end;
+    size_t recs_len;
 
     if (!uct_usnic_rx_hdr_check(iface, hdr, length, UCT_USNIC_PKT_ACK,
-                                sizeof(uct_usnic_ack_body_t))) {
+                                sizeof(*body) + sizeof(*rec))) {
         return UCS_OK;
     }
 
-    /* An ACK has a fixed size and uses none of the header's stream fields */
-    if (ucs_unlikely((length != (sizeof(*hdr) + sizeof(*body))) ||
-                     (hdr->flags & ~UCT_USNIC_ACK_FLAGS_ALL) ||
-                     (hdr->am_id != 0) ||
+    /* Whole records, and none of the header's stream fields */
+    recs_len = length - sizeof(*hdr) - sizeof(*body);
+    if (ucs_unlikely(((recs_len % sizeof(*rec)) != 0) ||
+                     (hdr->flags != 0) || (hdr->am_id != 0) ||
                      (hdr->stream_id != 0) || (hdr->psn != 0) ||
                      (hdr->token != 0))) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
@@ -1009,8 +1072,17 @@ ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
     }
 
     body = (const uct_usnic_ack_body_t*)(hdr + 1);
-    uct_usnic_tx_handle_ack(iface, &body->ack, body->src_incarnation,
-                            body->sack, hdr->flags);
+    end  = UCS_PTR_BYTE_OFFSET(body + 1, recs_len);
+    for (rec = (const void*)(body + 1); rec < end; ++rec) {
+        if (ucs_unlikely(rec->flags & ~UCT_USNIC_ACK_FLAGS_ALL)) {
+            uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
+            continue;
+        }
+
+        uct_usnic_tx_handle_ack(iface, &rec->ack, body->src_incarnation,
+                                rec->sack, rec->flags);
+    }
+
     return UCS_OK;
 }
 

@@ -11,6 +11,10 @@
 #include "usnic_proto.h"
 
 
+/* Streams owing an ACK looked at for one ACK datagram, past its first */
+#define UCT_USNIC_ACK_SCAN (4 * UCT_USNIC_ACK_MAX_RECS)
+
+
 /**
  * Message being reassembled from several datagrams; delivered to the user
  * like a receive descriptor.

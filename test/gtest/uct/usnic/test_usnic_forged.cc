@@ -139,10 +139,10 @@ protected:
         dgram.hdr.version           = UCT_USNIC_PROTO_VERSION;
         dgram.hdr.type              = UCT_USNIC_PKT_ACK;
         dgram.hdr.incarnation       = usnic_iface(m_sender)->incarnation;
-        dgram.body.ack.ep_id        = ep->id;
-        dgram.body.ack.stream_id    = ep->peer_stream_id;
-        dgram.body.ack.psn          = psn;
-        dgram.body.ack.token        = token;
+        dgram.rec.ack.ep_id         = ep->id;
+        dgram.rec.ack.stream_id     = ep->peer_stream_id;
+        dgram.rec.ack.psn           = psn;
+        dgram.rec.ack.token         = token;
         dgram.body.src_incarnation  = ep->peer_incarnation;
         return dgram;
     }
@@ -348,7 +348,7 @@ UCS_TEST_P(test_usnic_forged, acks_need_token) {
     EXPECT_EQ(1u, drops(m_sender, UCT_USNIC_RX_DROP_FORGED)) << "token";
 
     dgram = ack(ep->next_psn - 1, ep->token);
-    ++dgram.body.ack.stream_id;
+    ++dgram.rec.ack.stream_id;
     send_and_wait(m_sender, prio, &dgram, sizeof(dgram));
     EXPECT_EQ(2u, drops(m_sender, UCT_USNIC_RX_DROP_FORGED)) << "stream id";
 

@@ -424,7 +424,7 @@ protected:
         dgram.hdr.version     = UCT_USNIC_PROTO_VERSION;
         dgram.hdr.type        = UCT_USNIC_PKT_ACK;
         dgram.hdr.incarnation = usnic_iface(m_entity)->incarnation;
-        dgram.body.ack.psn    = 1;
+        dgram.rec.ack.psn     = 1;
         return dgram;
     }
 
@@ -540,14 +540,24 @@ UCS_TEST_P(test_usnic_iface_malformed, fields_checked) {
     expect_invalid(prio, &ack_dgram, sizeof(ack_dgram), "ACK with a token");
 
     ack_dgram           = ack();
-    ack_dgram.hdr.flags = UCS_BIT(7);
-    expect_invalid(prio, &ack_dgram, sizeof(ack_dgram), "ACK with an unknown flag");
+    ack_dgram.hdr.flags = UCT_USNIC_ACK_FLAG_CLOSED;
+    expect_invalid(prio, &ack_dgram, sizeof(ack_dgram),
+                   "ACK with a flag in its header");
+
+    ack_dgram           = ack();
+    ack_dgram.rec.flags = UCS_BIT(7);
+    expect_invalid(prio, &ack_dgram, sizeof(ack_dgram),
+                   "ACK record with an unknown flag");
 
     ack_dgram = ack();
     memset(bytes, 0, sizeof(bytes));
     memcpy(bytes, &ack_dgram, sizeof(ack_dgram));
     expect_invalid(prio, bytes, sizeof(ack_dgram) + 1, "ACK too long");
+    expect_invalid(prio, bytes, sizeof(ack_dgram) + 16,
+                   "ACK with half a second record");
     expect_invalid(prio, bytes, sizeof(ack_dgram) - 1, "ACK too short");
+    expect_invalid(prio, bytes, sizeof(ack_dgram) - sizeof(ack_dgram.rec),
+                   "ACK without a record");
 
     /* Still the one stream and the one delivery */
     EXPECT_EQ(1u, kh_size(&iface->stream_hash));

@@ -125,10 +125,11 @@ data_hdr(uint8_t type, uint8_t flags, uint8_t am_id, uint32_t incarnation,
     return hdr;
 }
 
-/* A standalone ACK as it travels */
+/* A standalone ACK of one stream as it travels */
 struct ack_datagram {
     uct_usnic_hdr_t      hdr;
     uct_usnic_ack_body_t body;
+    uct_usnic_ack_rec_t  rec;
 } UCS_S_PACKED;
 
 /* Hand the ep an ACK from its peer, as the peer would make it: up to psn,
