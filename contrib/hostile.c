@@ -266,6 +266,16 @@ static int is_ack(const uct_usnic_hdr_t *hdr, size_t length)
     return ack_recs(hdr, length) > 0;
 }
 
+/* One stream's ACK among those a standalone ACK carries, NULL if none */
+static uct_usnic_ack_rec_t *pick_ack(uct_usnic_hdr_t *hdr, size_t length)
+{
+    size_t count = (hdr != NULL) ? ack_recs(hdr, length) : 0;
+
+    return (count == 0) ? NULL :
+           (uct_usnic_ack_rec_t*)((uct_usnic_ack_body_t*)(hdr + 1) + 1) +
+           rand64() % count;
+}
+
 /* One altered copy of a genuine datagram of the given kind; 0 if the kind
  * does not apply to it */
 static size_t forge(hostile_kind_t kind, const uint8_t *orig, size_t length,
@@ -278,6 +288,7 @@ static size_t forge(hostile_kind_t kind, const uint8_t *orig, size_t length,
 
     memcpy(dgram, orig, length);
     hdr = parse(dgram, length);
+    ack = pick_ack(hdr, length);
 
     switch (kind) {
     case KIND_REPLAY:
@@ -307,12 +318,9 @@ static size_t forge(hostile_kind_t kind, const uint8_t *orig, size_t length,
         hdr->token = rand64();
         break;
     case KIND_WRONG_ACK_TOKEN:
-        if ((hdr == NULL) || !is_ack(hdr, length)) {
+        if (ack == NULL) {
             return 0;
         }
-        /* One stream's ACK among those the datagram carries */
-        ack = (uct_usnic_ack_rec_t*)((uct_usnic_ack_body_t*)(hdr + 1) + 1) +
-              rand64() % ack_recs(hdr, length);
         ack->ack.token = rand64();
         ack->ack.psn  += 1 + rand64() % 8;
         break;
@@ -342,13 +350,13 @@ static size_t forge(hostile_kind_t kind, const uint8_t *orig, size_t length,
         dgram[sizeof(*hdr) + rand64() % body] ^= 1 << (rand64() % 8);
         break;
     case KIND_ACK_AHEAD:
-        if ((hdr == NULL) || !is_ack(hdr, length)) {
+        if (ack == NULL) {
             return 0;
         }
         ack->ack.psn += 1 + rand64() % 64;
         break;
     case KIND_SACK:
-        if ((hdr == NULL) || !is_ack(hdr, length)) {
+        if (ack == NULL) {
             return 0;
         }
         ack->sack = rand64();

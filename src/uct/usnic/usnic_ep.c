@@ -140,7 +140,8 @@ UCS_CLASS_INIT_FUNC(uct_usnic_ep_t, const uct_ep_params_t *params,
     ucs_queue_head_init(&self->window);
     ucs_queue_head_init(&self->flush_reqs);
     ucs_arbiter_group_init(&self->arb_group);
-    ucs_list_head_init(&self->active_list);
+    ucs_wtimer_init(&self->timer, uct_usnic_tx_timer_fired);
+    ucs_list_head_init(&self->timer_list);
     self->ack_stream       = NULL;
     self->progress_time    = 0;
     self->status           = UCS_OK;
@@ -170,7 +171,7 @@ UCS_CLASS_CLEANUP_FUNC(uct_usnic_ep_t)
 {
     uct_usnic_iface_t *iface = uct_usnic_ep_iface(self);
 
-    /* The async timer looks for timeouts among the active eps */
+    /* The async timer looks for timeouts on the timer wheel */
     uct_usnic_iface_enter(iface);
     if ((self->bundle != NULL) && (self->status == UCS_OK)) {
         /* Posted before, so sent once as any datagram of the window was */
@@ -180,6 +181,7 @@ UCS_CLASS_CLEANUP_FUNC(uct_usnic_ep_t)
         uct_usnic_tx_send_queued(self, self->held);
     }
     uct_usnic_tx_window_purge(self, UCS_ERR_CANCELED);
+    ucs_wtimer_remove(&iface->tx_wheel, &self->timer);
     ucs_list_del(&self->failed_list);
     if (!self->internal) {
         uct_usnic_iface_peer_unlink(iface, self->peer_incarnation, self,

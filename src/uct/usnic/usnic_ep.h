@@ -105,7 +105,9 @@ typedef struct uct_usnic_ep {
     ucs_queue_head_t      window;          /* uct_usnic_tx_desc_t */
     ucs_queue_head_t      flush_reqs;      /* uct_usnic_flush_req_t */
     ucs_arbiter_group_t   arb_group;       /* Pending requests */
-    ucs_list_link_t       active_list;     /* In iface->active_eps */
+    ucs_wtimer_t          timer;           /* Resends and peer timeout,
+                                              every tick while not idle */
+    ucs_list_link_t       timer_list;      /* In iface->tx_timers_due */
     struct uct_usnic_rx_stream *ack_stream; /* Its ACKs ride on our packets */
     unsigned              cwnd;            /* Congestion window */
     unsigned              ssthresh;        /* Slow start threshold */
@@ -226,22 +228,24 @@ static UCS_F_ALWAYS_INLINE int uct_usnic_ep_is_idle(const uct_usnic_ep_t *ep)
 }
 
 
-/* The ep starts waiting for its peer: the timers watch it from now on */
+/* The ep starts waiting for its peer: its timer runs from now on */
 static UCS_F_ALWAYS_INLINE void uct_usnic_ep_activate(uct_usnic_ep_t *ep)
 {
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+
     if (uct_usnic_ep_is_idle(ep)) {
-        ucs_list_add_tail(&uct_usnic_ep_iface(ep)->active_eps,
-                          &ep->active_list);
+        ucs_wtimer_add(&iface->tx_wheel, &ep->timer,
+                       iface->config.timer_tick);
         ep->progress_time = ucs_get_time();
     }
 }
 
 
-/* Nothing left to watch: the timers let the ep go */
+/* Nothing left to watch: the timer stops */
 static UCS_F_ALWAYS_INLINE void uct_usnic_ep_deactivate(uct_usnic_ep_t *ep)
 {
     if (uct_usnic_ep_is_idle(ep)) {
-        ucs_list_del(&ep->active_list);
+        ucs_wtimer_remove(&uct_usnic_ep_iface(ep)->tx_wheel, &ep->timer);
     }
 }
 

@@ -126,8 +126,7 @@ void uct_usnic_iface_event_async(uct_usnic_iface_t *iface)
 
     if (!iface->armed ||
         (ucs_list_is_empty(&iface->failed_eps) &&
-         (ucs_list_is_empty(&iface->active_eps) ||
-          (ucs_get_time() < iface->next_timer_check)))) {
+         ucs_twheel_is_empty(&iface->tx_wheel))) {
         return;
     }
 

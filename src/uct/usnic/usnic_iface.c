@@ -683,8 +683,9 @@ UCT_USNIC_IFACE_IS_REACHABLE_ADAPTER(uct_usnic_iface_is_reachable_v2)
 static UCS_F_ALWAYS_INLINE int
 uct_usnic_iface_timers_due(uct_usnic_iface_t *iface)
 {
-    return !ucs_list_is_empty(&iface->active_eps) &&
-           (ucs_get_time() >= iface->next_timer_check);
+    return !ucs_twheel_is_empty(&iface->tx_wheel) &&
+           ((ucs_get_time() - ucs_twheel_get_time(&iface->tx_wheel)) >=
+            iface->tx_wheel.res);
 }
 
 static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
@@ -716,7 +717,7 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
         uct_usnic_bundle_progress(iface, 0);
     }
 
-    if (!ucs_list_is_empty(&iface->active_eps)) {
+    if (!ucs_twheel_is_empty(&iface->tx_wheel)) {
         count += uct_usnic_tx_progress_timers(iface);
     }
 
@@ -760,7 +761,7 @@ static void uct_usnic_iface_async_timer(int id, ucs_event_set_types_t events,
     }
 
     /* Peer timeouts are found even while nobody progresses the iface */
-    if (!ucs_list_is_empty(&iface->active_eps)) {
+    if (!ucs_twheel_is_empty(&iface->tx_wheel)) {
         uct_usnic_tx_check_timeouts(iface);
     }
 
@@ -1023,8 +1024,18 @@ uct_usnic_iface_init_buffers(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
         goto err_bcopy_buf;
     }
 
+    /* Slots of a quarter to half a tick: an ep's timer fires within half a
+     * tick of its time */
+    status = ucs_twheel_init(&iface->tx_wheel, iface->config.timer_tick / 4,
+                             ucs_get_time());
+    if (status != UCS_OK) {
+        goto err_ack_buf;
+    }
+
     return UCS_OK;
 
+err_ack_buf:
+    ucs_free(iface->ack_buf);
 err_bcopy_buf:
     ucs_free(iface->bcopy_buf);
 err_get_mp:
@@ -1038,6 +1049,7 @@ err_tx_mp:
 
 static void uct_usnic_iface_cleanup_buffers(uct_usnic_iface_t *iface)
 {
+    ucs_twheel_cleanup(&iface->tx_wheel);
     ucs_free(iface->ack_buf);
     ucs_free(iface->bcopy_buf);
     ucs_mpool_cleanup(&iface->get_mp, 1);
@@ -1137,6 +1149,8 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
             0 : ucs_time_from_sec(config->bundle_delay);
     iface->config.rto_min           = ucs_time_from_sec(config->rto_min);
     iface->config.rto_max           = ucs_time_from_sec(config->rto_max);
+    /* Wheel slots are a quarter of it, at least one clock tick */
+    iface->config.timer_tick        = ucs_max(iface->config.rto_min / 4, 4);
     iface->config.max_resend        = config->max_resend;
     iface->config.stats_summary     = config->stats_summary;
     iface->config.timeout           = ucs_time_from_sec(config->timeout);
@@ -1385,7 +1399,6 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     self->in_pending       = 0;
     self->sent_since_progress = 0;
     self->next_ep_serial   = 1;
-    self->next_timer_check = 0;
     self->tx_awaited       = 0;
     ucs_ptr_array_init(&self->eps, "usnic_eps");
     ucs_ptr_array_init(&self->streams, "usnic_streams");
@@ -1402,7 +1415,7 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     kh_init_inplace(uct_usnic_peers, &self->peers);
     kh_init_inplace(uct_usnic_senders, &self->senders);
     ucs_arbiter_init(&self->arbiter);
-    ucs_list_head_init(&self->active_eps);
+    ucs_list_head_init(&self->tx_timers_due);
     ucs_list_head_init(&self->failed_eps);
     ucs_list_head_init(&self->ack_streams);
     ucs_list_head_init(&self->streams_lru[0]);

@@ -17,6 +17,7 @@
 #include <ucs/datastruct/ptr_array.h>
 #include <ucs/sys/event_set.h>
 #include <ucs/time/time.h>
+#include <ucs/time/timer_wheel.h>
 
 #include <rdma/fi_domain.h>
 #include <netinet/in.h>
@@ -227,7 +228,10 @@ typedef struct uct_usnic_iface {
     khash_t(uct_usnic_peers) peers;        /* peer incarnation -> peer */
     khash_t(uct_usnic_senders) senders;    /* stream source -> sender */
     ucs_arbiter_t           arbiter;       /* eps with pending requests */
-    ucs_list_link_t         active_eps;    /* eps with unacked packets */
+    ucs_twheel_t            tx_wheel;      /* Timers of the eps waiting for
+                                              their peer */
+    ucs_list_link_t         tx_timers_due; /* eps whose timers the sweep
+                                              under way found due */
     ucs_list_link_t         failed_eps;    /* eps whose failure is still to
                                               be reported, from progress */
     ucs_list_link_t         ack_streams;   /* streams owing an ACK */
@@ -238,7 +242,6 @@ typedef struct uct_usnic_iface {
                                               zcopy sends, of flushes */
     int                     in_pending;    /* Dispatching pending requests */
     int                     sent_since_progress;
-    ucs_time_t              next_timer_check;
     int                     async_timer_id; /* Sends due ACKs when idle */
     ucs_sys_event_set_t     *event_set;    /* What the user waits on, or
                                               NULL without UCX_USNIC_EVENT_FD */
@@ -286,6 +289,8 @@ typedef struct uct_usnic_iface {
         ucs_time_t          hold_delay;    /* 0: every message sent at once */
         ucs_time_t          rto_min;
         ucs_time_t          rto_max;
+        ucs_time_t          timer_tick;    /* An ep's timer, while it waits
+                                              for its peer */
         unsigned            max_resend;
         ucs_time_t          timeout;       /* Peer failure */
         unsigned            max_streams;

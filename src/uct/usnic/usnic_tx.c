@@ -72,16 +72,24 @@ uct_usnic_tx_sent(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc,
     desc->send_time = now;
 }
 
+/* The ep's timer fires at the wheel's next slot */
+static void uct_usnic_tx_timer_soon(uct_usnic_iface_t *iface,
+                                    uct_usnic_ep_t *ep)
+{
+    ucs_wtimer_remove(&iface->tx_wheel, &ep->timer);
+    ucs_wtimer_add(&iface->tx_wheel, &ep->timer, iface->tx_wheel.res);
+}
+
 /* Kept in the window: the timer sends it as soon as it can */
 static void uct_usnic_tx_unsent(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
-                                uct_usnic_tx_desc_t *desc, ucs_time_t now)
+                                uct_usnic_tx_desc_t *desc)
 {
     if (!(desc->flags & UCT_USNIC_TX_DESC_FLAG_UNSENT)) {
         desc->flags |= UCT_USNIC_TX_DESC_FLAG_UNSENT;
         ++ep->unsent;
     }
-    desc->send_time         = 0;
-    iface->next_timer_check = now;
+    desc->send_time = 0;
+    uct_usnic_tx_timer_soon(iface, ep);
 }
 
 /* Send one datagram of the window (again) */
@@ -112,7 +120,7 @@ static void uct_usnic_tx_send(uct_usnic_iface_t *iface, uct_usnic_ep_t *ep,
         ucs_diag("%s: sending psn %u failed: %s", channel->name, desc->psn,
                  fi_strerror(-ret));
     }
-    uct_usnic_tx_unsent(iface, ep, desc, now);
+    uct_usnic_tx_unsent(iface, ep, desc);
 }
 
 /* Send a datagram that went before, or that the send queue refused: the
@@ -176,14 +184,14 @@ void uct_usnic_tx_send_queued(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *first)
             if (i < sent) {
                 uct_usnic_tx_sent(ep, descs[i], now);
             } else {
-                uct_usnic_tx_unsent(iface, ep, descs[i], now);
+                uct_usnic_tx_unsent(iface, ep, descs[i]);
             }
         }
     } while ((desc != NULL) && (sent == count));
 
     /* What the send queue refused waits for the timer, in order */
     for (; desc != NULL; desc = uct_usnic_tx_desc_next(ep, desc)) {
-        uct_usnic_tx_unsent(iface, ep, desc, now);
+        uct_usnic_tx_unsent(iface, ep, desc);
     }
 }
 
@@ -766,6 +774,36 @@ static unsigned uct_usnic_tx_ep_timers(uct_usnic_iface_t *iface,
     return count;
 }
 
+void uct_usnic_tx_timer_fired(ucs_wtimer_t *timer)
+{
+    uct_usnic_ep_t *ep = ucs_container_of(timer, uct_usnic_ep_t, timer);
+
+    /* Run after the sweep: a timer set again from within it could fire
+     * again in the same sweep, once per slot the sweep passes */
+    ucs_list_add_tail(&uct_usnic_ep_iface(ep)->tx_timers_due,
+                      &ep->timer_list);
+}
+
+/* The next due ep, off the wheel, or NULL */
+static uct_usnic_ep_t *uct_usnic_tx_timer_next_due(uct_usnic_iface_t *iface)
+{
+    if (ucs_list_is_empty(&iface->tx_timers_due)) {
+        return NULL;
+    }
+
+    return ucs_list_extract_head(&iface->tx_timers_due, uct_usnic_ep_t,
+                                 timer_list);
+}
+
+/* An ep that still waits for its peer is watched again after delta */
+static void uct_usnic_tx_timer_rearm(uct_usnic_iface_t *iface,
+                                     uct_usnic_ep_t *ep, ucs_time_t delta)
+{
+    if (!uct_usnic_ep_is_idle(ep)) {
+        ucs_wtimer_add(&iface->tx_wheel, &ep->timer, delta);
+    }
+}
+
 unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface)
 {
     ucs_time_t now  = ucs_get_time();
@@ -773,23 +811,18 @@ unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface)
     unsigned count  = 0;
     uct_usnic_ep_t *ep;
 
-    if (ucs_likely(now < iface->next_timer_check)) {
-        return 0;
-    }
-
-    iface->next_timer_check = now + iface->config.rto_min / 4;
-    ucs_list_for_each(ep, &iface->active_eps, active_list) {
-        count += uct_usnic_tx_ep_timers(iface, ep, now, budget - count);
-        if (count >= budget) {
-            /* Come back soon, starting with the next ep: with many eps
-             * busy, the first ones must not use up every call's budget */
-            iface->next_timer_check = now;
-            if (ep->active_list.next != &iface->active_eps) {
-                ucs_list_del(&iface->active_eps);
-                ucs_list_insert_after(&ep->active_list, &iface->active_eps);
-            }
-            break;
+    ucs_twheel_sweep(&iface->tx_wheel, now);
+    while ((ep = uct_usnic_tx_timer_next_due(iface)) != NULL) {
+        if (count < budget) {
+            count += uct_usnic_tx_ep_timers(iface, ep, now, budget - count);
         }
+
+        /* With many eps busy, those the budget left out, and one whose
+         * datagrams the send queue refused, come back at the next slot */
+        uct_usnic_tx_timer_rearm(iface, ep,
+                                 ((count >= budget) || (ep->unsent > 0)) ?
+                                 iface->tx_wheel.res :
+                                 iface->config.timer_tick);
     }
 
     return count;
@@ -800,9 +833,13 @@ void uct_usnic_tx_check_timeouts(uct_usnic_iface_t *iface)
     ucs_time_t now = ucs_get_time();
     uct_usnic_ep_t *ep;
 
-    ucs_list_for_each(ep, &iface->active_eps, active_list) {
+    ucs_twheel_sweep(&iface->tx_wheel, now);
+    while ((ep = uct_usnic_tx_timer_next_due(iface)) != NULL) {
         if (uct_usnic_tx_ep_timed_out(iface, ep, now)) {
             uct_usnic_ep_fail(ep, UCS_ERR_ENDPOINT_TIMEOUT);
         }
+
+        /* Its resends wait for the user's next progress */
+        uct_usnic_tx_timer_rearm(iface, ep, iface->tx_wheel.res);
     }
 }

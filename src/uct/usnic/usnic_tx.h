@@ -51,9 +51,16 @@ void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
                              uint32_t src_incarnation, uint64_t sack,
                              uint8_t flags);
 
+/* An ep's timer fired: the sweep's caller runs it */
+void uct_usnic_tx_timer_fired(ucs_wtimer_t *timer);
+
+/* Resends, tail-loss probes and peer timeouts of the eps whose timers are
+ * due, within UCX_USNIC_MAX_RESEND datagrams */
 unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface);
 
-/* Fail the eps whose peer acknowledged nothing for the timeout */
+/* Fail the eps whose timers are due and whose peer acknowledged nothing for
+ * the timeout; nothing is resent (the user's progress reads the ACKs
+ * first) */
 void uct_usnic_tx_check_timeouts(uct_usnic_iface_t *iface);
 
 void uct_usnic_tx_window_purge(uct_usnic_ep_t *ep, ucs_status_t status);

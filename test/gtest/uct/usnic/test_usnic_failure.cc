@@ -373,11 +373,11 @@ UCS_TEST_P(test_usnic_failure_stale_acks, idle_eps_stay_alive) {
             progress();
         }
     }
-    ASSERT_TRUE(ucs_list_is_empty(&iface->active_eps));
+    ASSERT_TRUE(ucs_twheel_is_empty(&iface->tx_wheel));
 
     for (unsigned i = 0; i < NUM_EPS; ++i) {
         duplicate_last_ack(i);
-        EXPECT_TRUE(ucs_list_is_empty(&iface->active_eps)) << "ep " << i;
+        EXPECT_TRUE(ucs_twheel_is_empty(&iface->tx_wheel)) << "ep " << i;
     }
 
     progress_for(1.5);
