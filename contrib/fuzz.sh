@@ -63,7 +63,7 @@ clang -g -O1 -fsanitize=fuzzer,address,undefined \
     -o "${fuzz_bin}" \
     "${usnic_top}"/src/uct/usnic/*.c "${usnic_top}/test/fuzz/fuzz_rx.c" \
     "${fabric_flags[@]}" -L"${usnic_prefix}/lib" \
-    -Wl,-rpath,"${usnic_prefix}/lib" -luct -lucs -lucm -lfabric -lxxhash \
+    -Wl,-rpath,"${usnic_prefix}/lib" -luct -lucs -lucm -lfabric -lxxhash -lhwloc \
     "${sodium_libs[@]}" ||
     usnic_die "building the fuzz target failed"
 [ "${build_only}" -eq 0 ] || { usnic_log "built ${fuzz_bin}"; exit 0; }

@@ -614,12 +614,13 @@ static void uct_usnic_fuzz_seed_ack(uct_usnic_fuzz_seed_t *seed, uint8_t sel,
     struct {
         uct_usnic_hdr_t      hdr;
         uct_usnic_ack_body_t body;
+        uct_usnic_ack_rec_t  rec;
     } UCS_S_PACKED packet = {
         .hdr  = {
             .version = UCT_USNIC_PROTO_VERSION,
             .type    = UCT_USNIC_PKT_ACK
         },
-        .body = {
+        .rec  = {
             .ack  = {.ep_id = 0, .stream_id = 0, .psn = ack_psn,
                      .token = 0},
             .sack = sack
