@@ -470,7 +470,7 @@ UCS_TEST_P(test_usnic_iface_malformed, fields_checked) {
     uct_usnic_iface_t *iface          = usnic_iface(m_entity);
     am_datagram dgram;
     ack_datagram ack_dgram;
-    uint8_t bytes[sizeof(dgram) + 8];
+    uint8_t bytes[ucs_max(sizeof(dgram) + 8, sizeof(ack_datagram) + 16)];
 
     /* The well-formed ones: an AM opens a stream and is delivered; an ACK
      * for no ep of ours is counted as such */
