@@ -78,10 +78,14 @@ static unsigned uct_usnic_channel_post_recv(uct_usnic_channel_t *channel,
 }
 
 /* Seal a datagram, leaving out the provider's prefix */
-static void uct_usnic_channel_dgram_seal(uct_usnic_channel_t *channel,
-                                         uct_usnic_dgram_t *dgram)
+void uct_usnic_channel_dgram_seal(uct_usnic_channel_t *channel,
+                                  uct_usnic_dgram_t *dgram)
 {
     struct iovec iov[UCT_USNIC_DGRAM_MAX_IOV];
+
+    if (channel->seal.length == 0) {
+        return;
+    }
 
     memcpy(iov, dgram->iov, sizeof(*iov) * dgram->iovcnt);
     iov[0].iov_base = UCS_PTR_BYTE_OFFSET(iov[0].iov_base,
@@ -93,18 +97,24 @@ static void uct_usnic_channel_dgram_seal(uct_usnic_channel_t *channel,
     dgram->length                         += channel->seal.length;
 }
 
-void *uct_usnic_channel_gather(uct_usnic_channel_t *channel,
-                               const uct_usnic_dgram_t *dgram)
+size_t uct_usnic_dgram_gather(const uct_usnic_dgram_t *dgram, void *dst)
 {
     size_t offset = 0;
     unsigned i;
 
     for (i = 0; i < dgram->iovcnt; ++i) {
-        memcpy(UCS_PTR_BYTE_OFFSET(channel->gather_buf, offset),
-               dgram->iov[i].iov_base, dgram->iov[i].iov_len);
+        memcpy(UCS_PTR_BYTE_OFFSET(dst, offset), dgram->iov[i].iov_base,
+               dgram->iov[i].iov_len);
         offset += dgram->iov[i].iov_len;
     }
 
+    return offset;
+}
+
+void *uct_usnic_channel_gather(uct_usnic_channel_t *channel,
+                               const uct_usnic_dgram_t *dgram)
+{
+    uct_usnic_dgram_gather(dgram, channel->gather_buf);
     return channel->gather_buf;
 }
 
@@ -357,12 +367,13 @@ static ssize_t uct_usnic_channel_fi_send(uct_usnic_channel_t *channel,
 
 static unsigned
 uct_usnic_channel_fi_send_burst(uct_usnic_channel_t *channel,
-                                const uct_usnic_dgram_t *dgrams,
-                                unsigned count, fi_addr_t dest)
+                                uct_usnic_dgram_t *dgrams, unsigned count,
+                                fi_addr_t dest)
 {
     unsigned sent;
 
     for (sent = 0; sent < count; ++sent) {
+        uct_usnic_channel_dgram_seal(channel, &dgrams[sent]);
         if (uct_usnic_channel_fi_send_dgram(channel, &dgrams[sent], dest) !=
             0) {
             break;
@@ -421,17 +432,12 @@ unsigned uct_usnic_channel_send_burst(uct_usnic_channel_t *channel,
 {
     unsigned i;
 
-    if (channel->seal.length != 0) {
-        for (i = 0; i < count; ++i) {
-            uct_usnic_channel_dgram_seal(channel, &dgrams[i]);
-        }
-    }
-
     if (ucs_likely(channel->fault == NULL)) {
         return channel->ops->send_burst(channel, dgrams, count, dest);
     }
 
     for (i = 0; i < count; ++i) {
+        uct_usnic_channel_dgram_seal(channel, &dgrams[i]);
         if (uct_usnic_fault_send(channel,
                                  uct_usnic_channel_gather(channel, &dgrams[i]),
                                  dgrams[i].length, dest) != 0) {

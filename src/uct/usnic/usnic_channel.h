@@ -81,9 +81,10 @@ typedef struct uct_usnic_channel_ops {
     /* Send one datagram; 0, or a negative errno (-FI_EAGAIN when full) */
     ssize_t  (*send)(uct_usnic_channel_t *channel, const void *buffer,
                      size_t length, fi_addr_t dest);
-    /* Send datagrams to one peer, in order; returns how many went */
+    /* Seal datagrams and send them to one peer, in order; returns how many
+     * went */
     unsigned (*send_burst)(uct_usnic_channel_t *channel,
-                           const uct_usnic_dgram_t *dgrams, unsigned count,
+                           uct_usnic_dgram_t *dgrams, unsigned count,
                            fi_addr_t dest);
     /* Take up to max_events received datagrams */
     unsigned (*progress)(uct_usnic_channel_t *channel, unsigned max_events);
@@ -195,6 +196,7 @@ struct uct_usnic_channel {
         struct mmsghdr        *msgs;
         struct iovec          *iovs;
         void                  *cmsgs;
+        void                  *stage;       /* Send: runs to segment */
     } sock;
     uct_usnic_channel_rx_cb_t rx_cb;
     size_t                    prefix_size;  /* FI_MSG_PREFIX room */
@@ -251,9 +253,35 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
 void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel);
 
 
+/* Copy a datagram's pieces end to end to dst; returns its length */
+size_t uct_usnic_dgram_gather(const uct_usnic_dgram_t *dgram, void *dst);
+
+
 /* Copy a datagram's pieces into the channel's gather buffer */
 void *uct_usnic_channel_gather(uct_usnic_channel_t *channel,
                                const uct_usnic_dgram_t *dgram);
+
+
+/* Seal a datagram of length bytes (prefix room included) in one piece;
+ * returns its length with the seal */
+static UCS_F_ALWAYS_INLINE size_t
+uct_usnic_channel_seal(uct_usnic_channel_t *channel, void *buffer,
+                       size_t length)
+{
+    if (channel->seal.length == 0) {
+        return length;
+    }
+
+    uct_usnic_seal_put(&channel->seal,
+                       UCS_PTR_BYTE_OFFSET(buffer, channel->prefix_size),
+                       length - channel->prefix_size);
+    return length + channel->seal.length;
+}
+
+
+/* Seal a datagram in pieces: its last piece grows by the seal */
+void uct_usnic_channel_dgram_seal(uct_usnic_channel_t *channel,
+                                  uct_usnic_dgram_t *dgram);
 
 
 /* Message prefix room in front of every datagram buffer: the provider's
@@ -311,20 +339,13 @@ static UCS_F_ALWAYS_INLINE ssize_t
 uct_usnic_channel_send(uct_usnic_channel_t *channel, void *buffer,
                        size_t length, fi_addr_t dest)
 {
-    if (channel->seal.length != 0) {
-        uct_usnic_seal_put(&channel->seal,
-                           UCS_PTR_BYTE_OFFSET(buffer, channel->prefix_size),
-                           length);
-        length += channel->seal.length;
-    }
-
+    length = uct_usnic_channel_seal(channel, buffer,
+                                    channel->prefix_size + length);
     if (ucs_unlikely(channel->fault != NULL)) {
-        return uct_usnic_fault_send(channel, buffer,
-                                    channel->prefix_size + length, dest);
+        return uct_usnic_fault_send(channel, buffer, length, dest);
     }
 
-    return channel->ops->send(channel, buffer, channel->prefix_size + length,
-                              dest);
+    return channel->ops->send(channel, buffer, length, dest);
 }
 
 
