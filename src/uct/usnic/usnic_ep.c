@@ -361,7 +361,8 @@ static void uct_usnic_ep_post_msg(uct_usnic_ep_t *ep,
             flags |= UCT_USNIC_PKT_FLAG_LAST;
         }
 
-        desc = ucs_mpool_get_inline(&iface->tx_mp);
+        desc = ucs_mpool_get_inline((msg->iov == NULL) ?
+                                    &iface->tx_mp : &iface->tx_zcopy_mp);
         ucs_assert_always(desc != NULL);
         body = uct_usnic_tx_desc_hdr(iface, desc) + 1;
         if (put != NULL) {

@@ -57,6 +57,14 @@ typedef struct uct_usnic_tx_desc {
 } uct_usnic_tx_desc_t;
 
 
+/* Most of a zero-copy datagram that lies in its send buffer: the header, a
+ * write's extension, am_zcopy's header, ACK and open trailers and seal */
+#define UCT_USNIC_TX_ZCOPY_BUF_LEN \
+    (sizeof(uct_usnic_hdr_t) + sizeof(uct_usnic_put_ext_t) + \
+     UCT_USNIC_AM_ZCOPY_MAX_HDR + sizeof(uct_usnic_ack_ext_t) + \
+     sizeof(uct_usnic_open_ext_t) + UCT_USNIC_SEAL_MAX_LEN)
+
+
 /**
  * Flush request waiting for everything sent before it to be acknowledged.
  * It lives in a send buffer (tx_mp): those are far larger, and flushes are

@@ -423,7 +423,7 @@ uct_usnic_get_reply_send(uct_usnic_ep_t *ep, const uct_usnic_get_ext_t *request)
     offset = 0;
     do {
         data_len = ucs_min(request->length - offset, max_data);
-        desc     = ucs_mpool_get_inline(&iface->tx_mp);
+        desc     = ucs_mpool_get_inline(&iface->tx_zcopy_mp);
         ucs_assert_always(desc != NULL);
 
         uct_usnic_get_reply_init(ep, desc, request, offset,

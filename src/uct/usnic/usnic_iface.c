@@ -979,12 +979,22 @@ uct_usnic_iface_init_buffers(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
         return status;
     }
 
+    status = uct_usnic_md_mpool_init(md, &iface->tx_zcopy_mp,
+                                     iface->config.tx_hdr_offset +
+                                     UCT_USNIC_TX_ZCOPY_BUF_LEN,
+                                     0, UCS_SYS_CACHE_LINE_SIZE,
+                                     &config->tx_mpool, 256, NULL,
+                                     "usnic_tx_zcopy_desc");
+    if (status != UCS_OK) {
+        goto err_tx_mp;
+    }
+
     status = uct_iface_param_am_alignment(params, iface->config.max_bcopy,
                                           iface->config.am_buf_offset,
                                           iface->config.am_buf_offset, &align,
                                           &align_offset);
     if (status != UCS_OK) {
-        goto err_tx_mp;
+        goto err_tx_zcopy_mp;
     }
 
     status = uct_usnic_md_mpool_init(md, &iface->am_buf_mp,
@@ -994,7 +1004,7 @@ uct_usnic_iface_init_buffers(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
                                      16, uct_usnic_am_buf_init,
                                      "usnic_am_buf");
     if (status != UCS_OK) {
-        goto err_tx_mp;
+        goto err_tx_zcopy_mp;
     }
 
     status = uct_usnic_md_mpool_init(md, &iface->get_mp,
@@ -1042,6 +1052,8 @@ err_get_mp:
     ucs_mpool_cleanup(&iface->get_mp, 1);
 err_am_buf_mp:
     ucs_mpool_cleanup(&iface->am_buf_mp, 1);
+err_tx_zcopy_mp:
+    ucs_mpool_cleanup(&iface->tx_zcopy_mp, 1);
 err_tx_mp:
     ucs_mpool_cleanup(&iface->tx_mp, 1);
     return status;
@@ -1054,6 +1066,7 @@ static void uct_usnic_iface_cleanup_buffers(uct_usnic_iface_t *iface)
     ucs_free(iface->bcopy_buf);
     ucs_mpool_cleanup(&iface->get_mp, 1);
     ucs_mpool_cleanup(&iface->am_buf_mp, 1);
+    ucs_mpool_cleanup(&iface->tx_zcopy_mp, 1);
     ucs_mpool_cleanup(&iface->tx_mp, 1);
 }
 
