@@ -25,6 +25,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_endpoint.h>
 #include <arpa/inet.h>
+#include <sys/timerfd.h>
 
 
 /* Ethernet preamble, header, FCS and gap, plus IPv4 and UDP headers */
@@ -750,6 +751,14 @@ static void uct_usnic_iface_async_timer(int id, ucs_event_set_types_t events,
                                         void *arg)
 {
     uct_usnic_iface_t *iface = arg;
+    uint64_t expirations;
+
+    /* A polled async context calls every handler on every poll */
+    if ((iface->async_timer_fd >= 0) &&
+        (read(iface->async_timer_fd, &expirations, sizeof(expirations)) !=
+         sizeof(expirations))) {
+        return;
+    }
 
     if (!ucs_list_is_empty(&iface->ack_streams)) {
         uct_usnic_rx_send_acks(iface, 0);
@@ -766,6 +775,77 @@ static void uct_usnic_iface_async_timer(int id, ucs_event_set_types_t events,
     }
 
     uct_usnic_iface_event_async(iface);
+}
+
+/*
+ * The async timer ticks on a timerfd in the async thread's event set, not
+ * with ucs_async_add_timer(): UCX's async thread waits for its timers in
+ * whole milliseconds rounded down, and then polls through the last
+ * millisecond of every period. On a core it shares with the user's thread
+ * that was a 1 ms stall of the user's progress every tick, long enough for
+ * the peers' retransmission timers to fire. An async context driven by
+ * signals has no timerfd events: there, UCX's timer.
+ */
+static ucs_status_t uct_usnic_iface_async_init(uct_usnic_iface_t *iface,
+                                               double tick)
+{
+    ucs_async_context_t *async = iface->super.worker->async;
+    struct itimerspec spec;
+    ucs_status_t status;
+
+    iface->async_timer_fd = -1;
+    if (async->mode == UCS_ASYNC_MODE_SIGNAL) {
+        status = ucs_async_add_timer(async->mode, ucs_time_from_sec(tick),
+                                     uct_usnic_iface_async_timer, iface,
+                                     async, &iface->async_handler_id);
+        if (status != UCS_OK) {
+            ucs_error("usnic: cannot start the async timer: %s",
+                      ucs_status_string(status));
+        }
+        return status;
+    }
+
+    iface->async_timer_fd = timerfd_create(CLOCK_MONOTONIC,
+                                           TFD_NONBLOCK | TFD_CLOEXEC);
+    if (iface->async_timer_fd < 0) {
+        ucs_error("usnic: timerfd_create() failed: %m");
+        return UCS_ERR_IO_ERROR;
+    }
+
+    spec.it_interval.tv_sec  = (time_t)tick;
+    spec.it_interval.tv_nsec = (long)((tick - (time_t)tick) * UCS_NSEC_PER_SEC);
+    spec.it_value            = spec.it_interval;
+    if (timerfd_settime(iface->async_timer_fd, 0, &spec, NULL) != 0) {
+        ucs_error("usnic: timerfd_settime(%.6f s) failed: %m", tick);
+        status = UCS_ERR_IO_ERROR;
+        goto err_close;
+    }
+
+    iface->async_handler_id = iface->async_timer_fd;
+    status = ucs_async_set_event_handler(async->mode, iface->async_timer_fd,
+                                         UCS_EVENT_SET_EVREAD |
+                                         UCS_EVENT_SET_EDGE_TRIGGERED,
+                                         uct_usnic_iface_async_timer, iface,
+                                         async);
+    if (status != UCS_OK) {
+        ucs_error("usnic: cannot watch the async timer: %s",
+                  ucs_status_string(status));
+        goto err_close;
+    }
+
+    return UCS_OK;
+
+err_close:
+    close(iface->async_timer_fd);
+    return status;
+}
+
+static void uct_usnic_iface_async_cleanup(uct_usnic_iface_t *iface)
+{
+    ucs_async_remove_handler(iface->async_handler_id, 1);
+    if (iface->async_timer_fd >= 0) {
+        close(iface->async_timer_fd);
+    }
 }
 
 static UCS_F_ALWAYS_INLINE struct sockaddr_in
@@ -1469,14 +1549,8 @@ static UCS_CLASS_INIT_FUNC(uct_usnic_iface_t, uct_md_h tl_md,
     uct_usnic_iface_init_costs(self, md, dev_name,
                                md->info->fabric_attr->prov_name);
 
-    status = ucs_async_add_timer(self->super.worker->async->mode,
-                                 ucs_time_from_sec(config->async_tick),
-                                 uct_usnic_iface_async_timer, self,
-                                 self->super.worker->async,
-                                 &self->async_timer_id);
+    status = uct_usnic_iface_async_init(self, config->async_tick);
     if (status != UCS_OK) {
-        ucs_error("usnic: cannot start the ACK timer: %s",
-                  ucs_status_string(status));
         goto err_cleanup_events;
     }
 
@@ -1569,7 +1643,7 @@ static UCS_CLASS_CLEANUP_FUNC(uct_usnic_iface_t)
 
     uct_base_iface_progress_disable(&self->super.super,
                                     UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
-    ucs_async_remove_handler(self->async_timer_id, 1);
+    uct_usnic_iface_async_cleanup(self);
 
     uct_usnic_get_cleanup(self);
 

@@ -242,7 +242,9 @@ typedef struct uct_usnic_iface {
                                               zcopy sends, of flushes */
     int                     in_pending;    /* Dispatching pending requests */
     int                     sent_since_progress;
-    int                     async_timer_id; /* Sends due ACKs when idle */
+    int                     async_handler_id; /* Async timer: sends due
+                                                 ACKs when idle */
+    int                     async_timer_fd; /* Its timerfd, or -1 */
     ucs_sys_event_set_t     *event_set;    /* What the user waits on, or
                                               NULL without UCX_USNIC_EVENT_FD */
     int                     wakeup_fd;     /* eventfd the async timer writes */
