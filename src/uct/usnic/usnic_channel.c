@@ -673,6 +673,8 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
     channel->rx_posted    = 0;
     channel->idle_polls   = 0;
     channel->skipped_polls = 0;
+    channel->last_poll     = 0;
+    channel->max_skip      = params->max_skip;
     channel->max_msg_size = params->max_msg_size;
     channel->fault        = NULL;
     channel->rx_bad_seal  = 0;

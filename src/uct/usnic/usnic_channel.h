@@ -172,6 +172,8 @@ typedef struct uct_usnic_channel_params {
     int                       coalesce;     /* Bursts from a peer may come
                                                as one buffer (UDP_GRO) */
     unsigned                  id;           /* For the fault injector */
+    ucs_time_t                max_skip;     /* Longest time between polls
+                                               that may be skipped */
     const uct_usnic_fault_config_t *fault;
 } uct_usnic_channel_params_t;
 
@@ -219,6 +221,8 @@ struct uct_usnic_channel {
     ucs_mpool_t               rx_mp;
     unsigned                  idle_polls;   /* Empty polls in a row */
     unsigned                  skipped_polls;
+    ucs_time_t                last_poll;    /* While polls may be skipped */
+    ucs_time_t                max_skip;
     struct sockaddr_in        addr;         /* Bound address and port */
     int                       wait_fd;      /* Readable on a completion, or
                                                -1 without a wakeup */
@@ -362,11 +366,13 @@ unsigned uct_usnic_channel_send_burst(uct_usnic_channel_t *channel,
 /*
  * Poll a channel, or skip it if allowed: a channel that brought nothing in
  * UCT_USNIC_CHANNEL_IDLE_POLLS polls in a row is then polled only on every
- * UCT_USNIC_CHANNEL_POLL_INTERVAL-th call until it brings something again.
- * With the udp provider every poll is a system call; a skipped one costs
- * next to nothing. Callers allow skipping when the user sends between
- * progress calls (streaming), not when the user spins on progress waiting
- * for a datagram.
+ * UCT_USNIC_CHANNEL_POLL_INTERVAL-th call, and at least every max_skip (the
+ * ACK delay), until it brings something again. With the udp provider every
+ * poll is a system call; a skipped one costs next to nothing. Callers allow
+ * skipping when the user sends between progress calls (streaming), not when
+ * the user spins on progress waiting for a datagram. Progress calls that
+ * each send a large message are far apart: counted alone, the skipped ones
+ * kept a peer's datagrams waiting past its retransmission timeout.
  */
 #define UCT_USNIC_CHANNEL_IDLE_POLLS    2
 #define UCT_USNIC_CHANNEL_POLL_INTERVAL 16
@@ -376,13 +382,19 @@ uct_usnic_channel_poll(uct_usnic_channel_t *channel, unsigned max_events,
                        int may_skip)
 {
     unsigned count;
+    ucs_time_t now;
 
     /* Send slots come back with completions: never skipped while any is
      * out */
     if (may_skip && (channel->tx_slots_posted == 0) &&
-        (channel->idle_polls >= UCT_USNIC_CHANNEL_IDLE_POLLS) &&
-        ((++channel->skipped_polls % UCT_USNIC_CHANNEL_POLL_INTERVAL) != 0)) {
-        return 0;
+        (channel->idle_polls >= UCT_USNIC_CHANNEL_IDLE_POLLS)) {
+        now = ucs_get_time();
+        if (((++channel->skipped_polls % UCT_USNIC_CHANNEL_POLL_INTERVAL) !=
+             0) &&
+            ((now - channel->last_poll) < channel->max_skip)) {
+            return 0;
+        }
+        channel->last_poll = now;
     }
 
     count               = uct_usnic_channel_progress(channel, max_events);

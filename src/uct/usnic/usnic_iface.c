@@ -1003,6 +1003,7 @@ uct_usnic_iface_init_channels(uct_usnic_iface_t *iface, uct_usnic_md_t *md,
         ch_params[id].seal_type    = seal_type;
         ch_params[id].seal_key     = &key;
         ch_params[id].id           = id;
+        ch_params[id].max_skip     = ucs_time_from_sec(config->ack_delay);
         ch_params[id].fault        = &config->fault;
 
         status = uct_usnic_channel_init(&iface->channels[id], &iface->super,
