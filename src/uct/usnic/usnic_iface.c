@@ -199,7 +199,8 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      ucs_offsetof(uct_usnic_iface_config_t, ack_freq), UCS_CONFIG_TYPE_UINT},
 
     {"ACK_DELAY", "50us",
-     "Longest time a receiver holds back an acknowledgement to batch it.",
+     "Longest time a receiver holds back an acknowledgement to batch it, and\n"
+     "longest time a streaming sender leaves its empty data channel unpolled.",
      ucs_offsetof(uct_usnic_iface_config_t, ack_delay), UCS_CONFIG_TYPE_TIME},
 
     {"BUNDLE_DELAY", "10us",
