@@ -506,6 +506,17 @@ UCS_TEST_P(test_usnic_auth, forger_with_token_dropped) {
     ASSERT_EQ(2u, m_payloads.size());
     EXPECT_EQ(2u, m_payloads.back());
 
+    /* The receiver owes an ACK for that PSN, which the sender never sent:
+     * taken now, it is dropped; taken after the next message, which reuses
+     * the PSN, it would complete that message (the receiver's async timer
+     * sends owed ACKs without the test progressing it) */
+    EXPECT_TRUE(progress_until([&]() {
+        return ucs_list_is_empty(&usnic_iface(m_receiver)->ack_streams);
+    }, 10, m_receiver));
+    EXPECT_TRUE(progress_until([&]() {
+        return drops(m_sender, UCT_USNIC_RX_DROP_INVALID) > 0;
+    }, 10, m_sender));
+
     /* An ACK with the token that would complete a message in flight */
     ASSERT_UCS_OK(uct_ep_am_short(m_sender->ep(0), AM_ID, 3, NULL, 0));
     ack_dgram = ack(ep->next_psn - 1, ep->token);
