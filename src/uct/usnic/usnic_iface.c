@@ -815,6 +815,9 @@ static ucs_status_t uct_usnic_iface_async_init(uct_usnic_iface_t *iface,
 
     spec.it_interval.tv_sec  = (time_t)tick;
     spec.it_interval.tv_nsec = (long)((tick - (time_t)tick) * UCS_NSEC_PER_SEC);
+    if ((spec.it_interval.tv_sec == 0) && (spec.it_interval.tv_nsec == 0)) {
+        spec.it_interval.tv_nsec = 1; /* Zero would disarm the timer */
+    }
     spec.it_value            = spec.it_interval;
     if (timerfd_settime(iface->async_timer_fd, 0, &spec, NULL) != 0) {
         ucs_error("usnic: timerfd_settime(%.6f s) failed: %m", tick);

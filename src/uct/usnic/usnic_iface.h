@@ -251,9 +251,9 @@ typedef struct uct_usnic_iface {
     int                     armed;         /* The user may be waiting */
     ucs_mpool_t             tx_mp;         /* uct_usnic_tx_desc_t */
     ucs_mpool_t             tx_zcopy_mp;   /* The same, for datagrams that
-                                              carry user memory: a tenth of
-                                              the size, so that a window of
-                                              them stays in the cache */
+                                              carry user memory: a quarter
+                                              of the size, so that a window
+                                              of them stays in the cache */
     ucs_mpool_t             am_buf_mp;     /* uct_usnic_am_buf_t */
     ucs_mpool_t             get_mp;        /* uct_usnic_get_t */
     ucs_ptr_array_t         gets;          /* read id -> uct_usnic_get_t */
