@@ -279,6 +279,20 @@ static UCS_F_ALWAYS_INLINE int uct_usnic_ep_has_room(uct_usnic_ep_t *ep,
            (iface->tx_outstanding + num_packets <= iface->config.tx_max_bufs);
 }
 
+/* How many packets fit in the ep's window and in the iface's send buffers */
+static UCS_F_ALWAYS_INLINE unsigned uct_usnic_ep_room(uct_usnic_ep_t *ep)
+{
+    uct_usnic_iface_t *iface = uct_usnic_ep_iface(ep);
+    unsigned in_flight       = ep->tx_count + (ep->bundle != NULL);
+
+    if ((in_flight >= ep->cwnd) ||
+        (iface->tx_outstanding >= iface->config.tx_max_bufs)) {
+        return 0;
+    }
+
+    return ucs_min(ep->cwnd - in_flight,
+                   iface->config.tx_max_bufs - iface->tx_outstanding);
+}
 
 /* Whether num_packets new packets may go now: with room for them, and
  * without overtaking pending requests (unless those are being dispatched) */

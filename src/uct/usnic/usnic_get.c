@@ -16,21 +16,21 @@
 #include <ucs/debug/log.h>
 
 
-/* A reply that waits for room in its ep's window, in a send buffer */
+/* A read whose reply waits for room in its ep's window, in a send buffer */
 typedef struct uct_usnic_get_reply {
     uct_pending_req_t   super;
     uct_usnic_ep_t      *ep;
     uct_usnic_get_ext_t request;
+    uint32_t            sent;    /* Bytes of the reply sent so far */
 } uct_usnic_get_reply_t;
 
 
 /* Requester side */
 
 static UCS_F_ALWAYS_INLINE ucs_status_t
-uct_usnic_get_check(uct_usnic_ep_t *ep, size_t length)
+uct_usnic_get_check(uct_usnic_ep_t *ep, size_t length, size_t max_length)
 {
-    UCT_CHECK_LENGTH(length, 0, uct_usnic_ep_iface(ep)->config.get_max,
-                     "get");
+    UCT_CHECK_LENGTH(length, 0, max_length, "get");
     return uct_usnic_ep_send_check(ep, 1);
 }
 
@@ -94,7 +94,7 @@ ucs_status_t uct_usnic_ep_get_bcopy(uct_ep_h tl_ep,
     uct_usnic_get_t *get;
     ucs_status_t status;
 
-    status = uct_usnic_get_check(ep, length);
+    status = uct_usnic_get_check(ep, length, iface->config.get_max);
     if (ucs_unlikely(status != UCS_OK)) {
         return status;
     }
@@ -134,7 +134,7 @@ ucs_status_t uct_usnic_ep_get_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov,
     ucs_status_t status;
 
     UCT_CHECK_IOV_SIZE(iovcnt, UCT_USNIC_MAX_IOV, "uct_usnic_ep_get_zcopy");
-    status = uct_usnic_get_check(ep, length);
+    status = uct_usnic_get_check(ep, length, iface->config.get_max_zcopy);
     if (ucs_unlikely(status != UCS_OK)) {
         return status;
     }
@@ -392,37 +392,43 @@ static void uct_usnic_get_reply_refuse(uct_usnic_ep_t *ep,
 
 /*
  * Send the data of a read as one message, straight from the registered
- * memory: the registrations stay locked while it is read, and every resend
- * checks the key again (uct_usnic_get_reply_resend_begin()).
+ * memory, as far as the window lets: the rest goes as it opens (a read may
+ * be larger than the window). The registrations stay locked while they are
+ * read, and every resend checks the key again
+ * (uct_usnic_get_reply_resend_begin()). Returns UCS_OK once all is sent,
+ * UCS_INPROGRESS when some was, UCS_ERR_NO_RESOURCE when none could be.
  */
 static ucs_status_t
-uct_usnic_get_reply_send(uct_usnic_ep_t *ep, const uct_usnic_get_ext_t *request)
+uct_usnic_get_reply_send(uct_usnic_ep_t *ep, const uct_usnic_get_ext_t *request,
+                         uint32_t *sent)
 {
     uct_usnic_iface_t *iface  = uct_usnic_ep_iface(ep);
     uct_usnic_md_t *md        = ucs_derived_of(iface->super.md, uct_usnic_md_t);
     size_t max_data           = iface->config.get_max_payload;
     uct_usnic_rkey_t rkey     = {.secret = request->secret,
                                  .id     = request->rkey_id};
-    uint8_t flags             = UCT_USNIC_PKT_FLAG_FIRST;
+    uint8_t flags             = (*sent == 0) ? UCT_USNIC_PKT_FLAG_FIRST : 0;
     uct_usnic_tx_desc_t *desc, *first = NULL;
     uct_usnic_md_access_result_t result;
-    size_t offset, data_len;
+    size_t offset, end, data_len;
+    unsigned room;
 
-    if (!uct_usnic_ep_can_send(ep, ucs_div_round_up(request->length,
-                                                    max_data))) {
+    room = uct_usnic_ep_can_send(ep, 1) ? uct_usnic_ep_room(ep) : 0;
+    if (room == 0) {
         return UCS_ERR_NO_RESOURCE;
     }
 
-    result = uct_usnic_md_read_begin(md, &rkey, request->address,
-                                     request->length);
+    offset = *sent;
+    result = uct_usnic_md_read_begin(md, &rkey, request->address + offset,
+                                     request->length - offset);
     if (ucs_unlikely(result != UCT_USNIC_MD_ACCESS_OK)) {
         uct_usnic_get_reply_refuse(ep, request, result);
         return UCS_OK;
     }
 
-    offset = 0;
+    end = offset + ucs_min(request->length - offset, room * max_data);
     do {
-        data_len = ucs_min(request->length - offset, max_data);
+        data_len = ucs_min(end - offset, max_data);
         desc     = ucs_mpool_get_inline(&iface->tx_zcopy_mp);
         ucs_assert_always(desc != NULL);
 
@@ -447,11 +453,12 @@ uct_usnic_get_reply_send(uct_usnic_ep_t *ep, const uct_usnic_get_ext_t *request)
             first = desc;
         }
         flags = 0;
-    } while (offset < request->length);
+    } while (offset < end);
 
     uct_usnic_tx_send_queued(ep, first);
     uct_usnic_md_read_end(md);
-    return UCS_OK;
+    *sent = offset;
+    return (offset == request->length) ? UCS_OK : UCS_INPROGRESS;
 }
 
 int uct_usnic_get_reply_resend_begin(uct_usnic_ep_t *ep,
@@ -491,7 +498,7 @@ static ucs_status_t uct_usnic_get_reply_progress(uct_pending_req_t *self)
     uct_usnic_ep_t *ep           = reply->ep;
     ucs_status_t status;
 
-    status = uct_usnic_get_reply_send(ep, &reply->request);
+    status = uct_usnic_get_reply_send(ep, &reply->request, &reply->sent);
     if (status == UCS_OK) {
         ucs_mpool_put_inline(reply);
     }
@@ -503,12 +510,13 @@ void uct_usnic_get_serve(uct_usnic_iface_t *iface,
                          size_t body_len)
 {
     const uct_usnic_get_ext_t *request = body;
+    uint32_t sent                      = 0;
     uct_usnic_get_reply_t *reply;
     uct_usnic_ep_t *ep;
     ucs_status_t status;
 
-    if (ucs_unlikely((request->length == 0) ||
-                     (request->length > iface->config.get_max))) {
+    /* Any length: the requester's limits may differ from this iface's */
+    if (ucs_unlikely(request->length == 0)) {
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_INVALID);
         return;
     }
@@ -524,7 +532,7 @@ void uct_usnic_get_serve(uct_usnic_iface_t *iface,
      * has room for it (a short last one): an ACK of its own would cost a
      * system call per read. A reply ep is never paired with a stream. */
     ep->ack_stream = stream;
-    status         = uct_usnic_get_reply_send(ep, request);
+    status         = uct_usnic_get_reply_send(ep, request, &sent);
     ep->ack_stream = NULL;
     if (status == UCS_OK) {
         return;
@@ -543,6 +551,7 @@ void uct_usnic_get_serve(uct_usnic_iface_t *iface,
     reply->super.func = uct_usnic_get_reply_progress;
     reply->ep         = ep;
     reply->request    = *request;
+    reply->sent       = sent;
     uct_pending_req_arb_group_push(&ep->arb_group, &reply->super);
     ucs_arbiter_group_schedule(&iface->arbiter, &ep->arb_group);
 }

@@ -194,6 +194,14 @@ static ucs_config_field_t uct_usnic_iface_config_table[] = {
      ucs_offsetof(uct_usnic_iface_config_t, put_max_bcopy),
      UCS_CONFIG_TYPE_MEMUNITS},
 
+    {"GET_MAX_ZCOPY", "1m",
+     "Largest get_zcopy. The target sends the data as its window to this\n"
+     "iface opens, so a read may be larger than the window; every read costs\n"
+     "the requester a datagram, and a larger one fewer of them (get_bcopy\n"
+     "reads at most MAX_BCOPY and PUT_MAX_BCOPY).",
+     ucs_offsetof(uct_usnic_iface_config_t, get_max_zcopy),
+     UCS_CONFIG_TYPE_MEMUNITS},
+
     {"ACK_FREQ", "16",
      "A receiver acknowledges at least every this many datagrams.",
      ucs_offsetof(uct_usnic_iface_config_t, ack_freq), UCS_CONFIG_TYPE_UINT},
@@ -407,6 +415,8 @@ uct_usnic_iface_check_config(const uct_usnic_iface_config_t *config,
          1024 * 1024, "bytes of one am_bcopy message"},
         {UCT_USNIC_CONFIG_VAR("PUT_MAX_BCOPY"), config->put_max_bcopy, 64,
          1024 * 1024, "bytes of one put_bcopy"},
+        {UCT_USNIC_CONFIG_VAR("GET_MAX_ZCOPY"), config->get_max_zcopy, 1,
+         UINT32_MAX, "bytes of one get_zcopy"},
         {UCT_USNIC_CONFIG_VAR("ACK_FREQ"), config->ack_freq, 1,
          config->window, "at most WINDOW"},
         {UCT_USNIC_CONFIG_VAR("MAX_RESEND"), config->max_resend, 1, 65536,
@@ -554,7 +564,7 @@ static ucs_status_t uct_usnic_iface_query(uct_iface_h tl_iface,
     iface_attr->cap.put.max_iov    = UCT_USNIC_ZCOPY_MAX_IOV;
     iface_attr->cap.get.max_bcopy  = iface->config.get_max;
     iface_attr->cap.get.min_zcopy  = 0;
-    iface_attr->cap.get.max_zcopy  = iface->config.get_max;
+    iface_attr->cap.get.max_zcopy  = iface->config.get_max_zcopy;
     iface_attr->cap.get.opt_zcopy_align = 1;
     iface_attr->cap.get.align_mtu  = 1;
     iface_attr->cap.get.max_iov    = UCT_USNIC_MAX_IOV;
@@ -1213,6 +1223,7 @@ static void uct_usnic_iface_init_sizes(uct_usnic_iface_t *iface,
     /* get_bcopy gathers the data in a reassembly buffer */
     iface->config.get_max           = ucs_min(iface->config.max_bcopy,
                                               iface->config.put_max_bcopy);
+    iface->config.get_max_zcopy     = config->get_max_zcopy;
     iface->config.max_bcopy_packets =
             ucs_max(ucs_div_round_up(iface->config.max_bcopy,
                                      iface->config.max_payload),

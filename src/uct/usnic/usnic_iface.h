@@ -177,6 +177,7 @@ typedef struct uct_usnic_iface_config {
     unsigned long            cwnd_init;
     size_t                   max_bcopy;
     size_t                   put_max_bcopy;
+    size_t                   get_max_zcopy;
     unsigned                 ack_freq;
     double                   ack_delay;
     double                   bundle_delay;
@@ -277,7 +278,8 @@ typedef struct uct_usnic_iface {
         size_t              put_max_bcopy;
         size_t              get_max_payload; /* Read data of one reply
                                                 datagram */
-        size_t              get_max;       /* Largest read */
+        size_t              get_max;       /* Largest get_bcopy */
+        size_t              get_max_zcopy;
         unsigned            max_bcopy_packets; /* Datagrams of the largest
                                                   am_bcopy or put_bcopy */
         size_t              tx_hdr_offset; /* Header offset in a tx desc */

@@ -276,9 +276,10 @@ protected:
         receiver_iface()->put_refused_logged = 0;
     }
 
+    /* The largest read of either kind */
     size_t get_max() const
     {
-        return m_sender->iface_attr().cap.get.max_zcopy;
+        return m_sender->iface_attr().cap.get.max_bcopy;
     }
 
     static void unpack(void *arg, const void *data, size_t length)
@@ -456,7 +457,9 @@ UCS_TEST_P(test_usnic_put, caps) {
     EXPECT_EQ(receiver_iface()->config.put_max_payload,
               attr.cap.put.max_short);
     EXPECT_GE(attr.cap.get.max_bcopy, 8192u);
-    EXPECT_EQ(attr.cap.get.max_bcopy, attr.cap.get.max_zcopy);
+    /* A zero-copy read is not gathered in a buffer */
+    EXPECT_EQ(receiver_iface()->config.get_max_zcopy, attr.cap.get.max_zcopy);
+    EXPECT_GT(attr.cap.get.max_zcopy, attr.cap.get.max_bcopy);
 }
 
 UCS_TEST_P(test_usnic_put, random_puts) {
@@ -835,6 +838,37 @@ UCS_TEST_P(test_usnic_put_faults, get_reply_resent_after_dereg) {
     EXPECT_EQ(UCS_ERR_INVALID_ADDR, comp.status);
     EXPECT_GT(USNIC_COUNTER(receiver_iface(), TX_READS_REVOKED), 0u);
     EXPECT_EQ(std::vector<uint8_t>(data.size(), 0), data);
+}
+
+/* A read larger than the window goes out as the window opens, also after
+ * losses closed it to its smallest */
+UCS_TEST_P(test_usnic_put_faults, get_larger_than_window) {
+    set_usnic_config("WINDOW", "64");
+    set_usnic_config("GET_MAX_ZCOPY", "1m");
+    set_usnic_config("FAULT_DROP", "0.02");
+    create_entities();
+
+    size_t length = 1024 * 1024;
+    ASSERT_EQ(length, m_sender->iface_attr().cap.get.max_zcopy);
+    ASSERT_GT(length, 64 * receiver_iface()->config.get_max_payload);
+    std::vector<uint8_t> source = pattern(length, 5);
+    uct_rkey_bundle_t rkey;
+    uct_mem_h memh;
+    std::vector<uint8_t> packed(sizeof(uct_usnic_rkey_t));
+    ASSERT_UCS_OK(uct_md_mem_reg(m_receiver->md(), &source[0], length,
+                                 UCT_MD_MEM_ACCESS_ALL, &memh));
+    ASSERT_UCS_OK(uct_md_mkey_pack(m_receiver->md(), memh, &packed[0]));
+    ASSERT_UCS_OK(uct_rkey_unpack(GetParam()->component, &packed[0], &rkey));
+
+    std::vector<uint8_t> data;
+    for (int i = 0; i < 3; ++i) {
+        ASSERT_UCS_OK(get((uintptr_t)&source[0], rkey.rkey, length, true,
+                          data));
+        EXPECT_TRUE(data == source) << "read " << i;
+    }
+    EXPECT_GT(USNIC_COUNTER(receiver_iface(), TX_RESENDS), 0u);
+    EXPECT_UCS_OK(uct_rkey_release(GetParam()->component, &rkey));
+    EXPECT_UCS_OK(uct_md_mem_dereg(m_receiver->md(), memh));
 }
 
 UCS_TEST_P(test_usnic_put_faults, reorder_duplicate_corrupt) {
