@@ -221,18 +221,24 @@ run_netpipe() {
     return 1
 }
 
+# The pid in UCX's log prefix, "[host:pid:thread]"; UCX pads a pid of
+# fewer than 5 digits with spaces
+ucx_log_pid_count() {
+    sed -n 's/.*\[[^]:]*:\([0-9]*\) *:.*/\1/p' | sort -u | wc -l
+}
+
 # UCX's own word (UCX_LOG_LEVEL=info), from both ranks: libucp was loaded
 # from this build, and tag matching runs over <tl> on the pinned device
 verify_ucx() {
     local tl=$1 log=$2 n
     n=$(grep -F "(loaded from ${prefix_real}/lib/libucp.so" "${log}" |
-        sed -n 's/.*\[[^]:]*:\([0-9]*\):.*/\1/p' | sort -u | wc -l)
+        ucx_log_pid_count)
     if [ "${n}" -ne 2 ]; then
         usnic_log "${tl}: ${n} of 2 ranks report libucp loaded from ${prefix_real}/lib"
         return 1
     fi
     n=$(grep -E "ep_cfg\[[0-9]+\]: .*tag\(${tl}/${usnic_pair_dev}\)" "${log}" |
-        sed -n 's/.*\[[^]:]*:\([0-9]*\):.*/\1/p' | sort -u | wc -l)
+        ucx_log_pid_count)
     if [ "${n}" -ne 2 ]; then
         usnic_log "${tl}: ${n} of 2 ranks report tag(${tl}/${usnic_pair_dev}) endpoints"
         return 1
