@@ -840,31 +840,62 @@ UCS_TEST_P(test_usnic_put_faults, get_reply_resent_after_dereg) {
     EXPECT_EQ(std::vector<uint8_t>(data.size(), 0), data);
 }
 
-/* A read larger than the window goes out as the window opens, also after
- * losses closed it to its smallest */
-UCS_TEST_P(test_usnic_put_faults, get_larger_than_window) {
+/* Reads larger than the window go out as the window opens, also after
+ * losses closed it to its smallest; a read asked for while the reply
+ * before it is under way waits for it */
+UCS_TEST_P(test_usnic_put_faults, gets_larger_than_window) {
+    static const int NUM_READS = 3;
+    static const size_t SHIFT  = 4096;
     set_usnic_config("WINDOW", "64");
     set_usnic_config("GET_MAX_ZCOPY", "1m");
     set_usnic_config("FAULT_DROP", "0.02");
     create_entities();
 
-    size_t length = 1024 * 1024;
-    ASSERT_EQ(length, m_sender->iface_attr().cap.get.max_zcopy);
+    size_t source_len = 1024 * 1024;
+    size_t length     = source_len - (NUM_READS - 1) * SHIFT;
+    ASSERT_EQ(source_len, m_sender->iface_attr().cap.get.max_zcopy);
     ASSERT_GT(length, 64 * receiver_iface()->config.get_max_payload);
-    std::vector<uint8_t> source = pattern(length, 5);
+    std::vector<uint8_t> source = pattern(source_len, 5);
+    std::vector<uint8_t> packed(sizeof(uct_usnic_rkey_t));
     uct_rkey_bundle_t rkey;
     uct_mem_h memh;
-    std::vector<uint8_t> packed(sizeof(uct_usnic_rkey_t));
-    ASSERT_UCS_OK(uct_md_mem_reg(m_receiver->md(), &source[0], length,
+    ASSERT_UCS_OK(uct_md_mem_reg(m_receiver->md(), &source[0], source_len,
                                  UCT_MD_MEM_ACCESS_ALL, &memh));
     ASSERT_UCS_OK(uct_md_mkey_pack(m_receiver->md(), memh, &packed[0]));
     ASSERT_UCS_OK(uct_rkey_unpack(GetParam()->component, &packed[0], &rkey));
 
-    std::vector<uint8_t> data;
-    for (int i = 0; i < 3; ++i) {
-        ASSERT_UCS_OK(get((uintptr_t)&source[0], rkey.rkey, length, true,
-                          data));
-        EXPECT_TRUE(data == source) << "read " << i;
+    ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(60);
+    std::vector<std::vector<uint8_t> > data(NUM_READS,
+                                            std::vector<uint8_t>(length, 0));
+    uct_completion_t comp = {comp_cb, NUM_READS, UCS_OK};
+    ucs_status_t status;
+    for (int i = 0; i < NUM_READS; ++i) {
+        uct_iov_t iov = {&data[i][0], length, UCT_MEM_HANDLE_NULL, 0, 1};
+        do {
+            status = uct_ep_get_zcopy(m_sender->ep(0), &iov, 1,
+                                      (uintptr_t)&source[i * SHIFT],
+                                      rkey.rkey, &comp);
+            if (status == UCS_ERR_NO_RESOURCE) {
+                progress();
+            }
+        } while ((status == UCS_ERR_NO_RESOURCE) &&
+                 (ucs_get_time() < deadline));
+        ASSERT_EQ(UCS_INPROGRESS, status) << "read " << i;
+        /* The next request comes while this reply is on its way */
+        ucs_time_t next = ucs_get_time() + ucs_time_from_usec(500);
+        while ((ucs_get_time() < next) && (comp.count > 0)) {
+            progress();
+        }
+    }
+    while ((comp.count > 0) && (ucs_get_time() < deadline)) {
+        progress();
+    }
+    ASSERT_EQ(0, comp.count) << "reads not completed";
+    EXPECT_UCS_OK(comp.status);
+    for (int i = 0; i < NUM_READS; ++i) {
+        EXPECT_TRUE(std::equal(data[i].begin(), data[i].end(),
+                               &source[i * SHIFT]))
+                << "read " << i;
     }
     EXPECT_GT(USNIC_COUNTER(receiver_iface(), TX_RESENDS), 0u);
     EXPECT_UCS_OK(uct_rkey_release(GetParam()->component, &rkey));
