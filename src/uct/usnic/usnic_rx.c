@@ -712,9 +712,9 @@ uct_usnic_rx_in_order(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
         return UCS_OK;
     case UCT_USNIC_PKT_GET:
         uct_usnic_get_serve(iface, stream, hdr + 1, body_len);
-        /* Each read served sends its whole reply: reads queued in one poll
-         * kept their ACKs past the requester's RTO, unless the reply took
-         * the ACK */
+        /* Each read served sends as much of its reply as the window takes:
+         * reads queued in one poll kept their ACKs past the requester's
+         * RTO, unless the reply took the ACK */
         if (!ucs_list_is_empty(&stream->ack_list) &&
             uct_usnic_rx_ack_due(iface, stream, ucs_get_time())) {
             uct_usnic_rx_send_ack(iface, stream);
