@@ -14,9 +14,15 @@
 
 #include <uct/base/uct_iov.inl>
 #include <ucs/debug/log.h>
+#include <ucs/debug/memtrack_int.h>
 
 
-/* A read whose reply waits for room in its ep's window, in a send buffer */
+/*
+ * A read whose reply waits for room in its ep's window. Not in a send
+ * buffer: the read was already acknowledged, so once the send buffers were
+ * all in use (TX_MAX_BUFS) its data could only be lost, and the requester
+ * would wait for it until its peer timeout.
+ */
 typedef struct uct_usnic_get_reply {
     uct_pending_req_t   super;
     uct_usnic_ep_t      *ep;
@@ -500,7 +506,7 @@ static ucs_status_t uct_usnic_get_reply_progress(uct_pending_req_t *self)
 
     status = uct_usnic_get_reply_send(ep, &reply->request, &reply->sent);
     if (status == UCS_OK) {
-        ucs_mpool_put_inline(reply);
+        ucs_free(reply);
     }
     return status;
 }
@@ -538,12 +544,10 @@ void uct_usnic_get_serve(uct_usnic_iface_t *iface,
         return;
     }
 
-    /* A send buffer holds at least the smallest datagram an iface takes */
-    UCS_STATIC_ASSERT(sizeof(*reply) <=
-                      (sizeof(uct_usnic_tx_desc_t) + sizeof(uct_usnic_hdr_t) +
-                       sizeof(uct_usnic_open_ext_t) + 64));
-    reply = ucs_mpool_get_inline(&iface->tx_mp);
+    reply = ucs_malloc(sizeof(*reply), "usnic_get_reply");
     if (reply == NULL) {
+        ucs_error("failed to allocate the reply of a read of %u bytes",
+                  request->length);
         uct_usnic_iface_drop(iface, UCT_USNIC_RX_DROP_NO_RESOURCE);
         return;
     }
@@ -558,7 +562,7 @@ void uct_usnic_get_serve(uct_usnic_iface_t *iface,
 
 static void uct_usnic_get_reply_purge_cb(uct_pending_req_t *self, void *arg)
 {
-    ucs_mpool_put_inline(ucs_derived_of(self, uct_usnic_get_reply_t));
+    ucs_free(ucs_derived_of(self, uct_usnic_get_reply_t));
 }
 
 static void uct_usnic_get_reply_ep_destroy(uct_usnic_ep_t *ep)

@@ -43,10 +43,17 @@ protected:
         create_entities();
     }
 
-    void create_entities()
+    /* The receiver with at most receiver_tx_bufs send buffers, if given */
+    void create_entities(const char *receiver_tx_bufs = nullptr)
     {
+        if (receiver_tx_bufs != nullptr) {
+            set_usnic_config("TX_MAX_BUFS", receiver_tx_bufs);
+        }
         m_receiver = create_entity(0);
         m_entities.push_back(m_receiver);
+        if (receiver_tx_bufs != nullptr) {
+            set_usnic_config("TX_MAX_BUFS", "-1");
+        }
         m_sender = create_entity(0);
         m_entities.push_back(m_sender);
         m_sender->connect(0, *m_receiver, 0);
@@ -900,6 +907,45 @@ UCS_TEST_P(test_usnic_put_faults, gets_larger_than_window) {
     EXPECT_GT(USNIC_COUNTER(receiver_iface(), TX_RESENDS), 0u);
     EXPECT_UCS_OK(uct_rkey_release(GetParam()->component, &rkey));
     EXPECT_UCS_OK(uct_md_mem_dereg(m_receiver->md(), memh));
+}
+
+/* Reads that wait for the target's send buffers (TX_MAX_BUFS) all get their
+ * data: waiting takes no send buffer, so none is lost for want of one */
+UCS_TEST_P(test_usnic_put_faults, gets_beyond_send_buffers) {
+    static const int NUM_READS  = 40;
+    static const size_t LENGTH  = 32 * 1024;
+    static const size_t SHIFT   = 1024;
+    create_entities("16");
+
+    ASSERT_GT(LENGTH, 16 * receiver_iface()->config.get_max_payload);
+    std::vector<uint8_t> source = pattern(REGION_SIZE, 7);
+    std::copy(source.begin(), source.end(), region());
+    std::vector<std::vector<uint8_t> > data(NUM_READS,
+                                            std::vector<uint8_t>(LENGTH, 0));
+    uct_completion_t comp = {comp_cb, NUM_READS, UCS_OK};
+    for (int i = 0; i < NUM_READS; ++i) {
+        uct_iov_t iov = {&data[i][0], LENGTH, UCT_MEM_HANDLE_NULL, 0, 1};
+        ASSERT_EQ(UCS_INPROGRESS,
+                  uct_ep_get_zcopy(m_sender->ep(0), &iov, 1,
+                                   region_addr((i * SHIFT) %
+                                               (REGION_SIZE - LENGTH)),
+                                   m_rkey.rkey, &comp))
+                << "read " << i;
+    }
+
+    ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(20);
+    while ((comp.count > 0) && (ucs_get_time() < deadline)) {
+        progress();
+    }
+    ASSERT_EQ(0, comp.count) << "reads not completed";
+    EXPECT_UCS_OK(comp.status);
+    for (int i = 0; i < NUM_READS; ++i) {
+        EXPECT_TRUE(std::equal(data[i].begin(), data[i].end(),
+                               region() + ((i * SHIFT) %
+                                           (REGION_SIZE - LENGTH))))
+                << "read " << i;
+    }
+    EXPECT_EQ(0u, USNIC_DROPS(receiver_iface(), NO_RESOURCE));
 }
 
 UCS_TEST_P(test_usnic_put_faults, reorder_duplicate_corrupt) {
