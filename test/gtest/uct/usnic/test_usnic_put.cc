@@ -783,6 +783,24 @@ protected:
         UCS_TEST_MESSAGE << injected << " faults injected into the writes";
         EXPECT_GT(injected, 0u);
     }
+
+    /* Progress until the reads counted by comp are done, each equal to the
+     * bytes its entry of expected points to */
+    void wait_reads(uct_completion_t *comp, ucs_time_t deadline,
+                    const std::vector<std::vector<uint8_t> > &data,
+                    const std::vector<const uint8_t*> &expected)
+    {
+        while ((comp->count > 0) && (ucs_get_time() < deadline)) {
+            progress();
+        }
+        ASSERT_EQ(0, comp->count) << "reads not completed";
+        EXPECT_UCS_OK(comp->status);
+        for (size_t i = 0; i < data.size(); ++i) {
+            EXPECT_TRUE(std::equal(data[i].begin(), data[i].end(),
+                                   expected[i]))
+                    << "read " << i;
+        }
+    }
 };
 
 UCS_TEST_P(test_usnic_put_faults, drop_1_percent) {
@@ -894,16 +912,11 @@ UCS_TEST_P(test_usnic_put_faults, gets_larger_than_window) {
             progress();
         }
     }
-    while ((comp.count > 0) && (ucs_get_time() < deadline)) {
-        progress();
-    }
-    ASSERT_EQ(0, comp.count) << "reads not completed";
-    EXPECT_UCS_OK(comp.status);
+    std::vector<const uint8_t*> expected;
     for (int i = 0; i < NUM_READS; ++i) {
-        EXPECT_TRUE(std::equal(data[i].begin(), data[i].end(),
-                               &source[i * SHIFT]))
-                << "read " << i;
+        expected.push_back(&source[i * SHIFT]);
     }
+    ASSERT_NO_FATAL_FAILURE(wait_reads(&comp, deadline, data, expected));
     EXPECT_GT(USNIC_COUNTER(receiver_iface(), TX_RESENDS), 0u);
     EXPECT_UCS_OK(uct_rkey_release(GetParam()->component, &rkey));
     EXPECT_UCS_OK(uct_md_mem_dereg(m_receiver->md(), memh));
@@ -923,28 +936,19 @@ UCS_TEST_P(test_usnic_put_faults, gets_beyond_send_buffers) {
     std::vector<std::vector<uint8_t> > data(NUM_READS,
                                             std::vector<uint8_t>(LENGTH, 0));
     uct_completion_t comp = {comp_cb, NUM_READS, UCS_OK};
+    std::vector<const uint8_t*> expected;
     for (int i = 0; i < NUM_READS; ++i) {
+        size_t offset = (i * SHIFT) % (REGION_SIZE - LENGTH);
         uct_iov_t iov = {&data[i][0], LENGTH, UCT_MEM_HANDLE_NULL, 0, 1};
         ASSERT_EQ(UCS_INPROGRESS,
                   uct_ep_get_zcopy(m_sender->ep(0), &iov, 1,
-                                   region_addr((i * SHIFT) %
-                                               (REGION_SIZE - LENGTH)),
-                                   m_rkey.rkey, &comp))
+                                   region_addr(offset), m_rkey.rkey, &comp))
                 << "read " << i;
+        expected.push_back(region() + offset);
     }
 
-    ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(20);
-    while ((comp.count > 0) && (ucs_get_time() < deadline)) {
-        progress();
-    }
-    ASSERT_EQ(0, comp.count) << "reads not completed";
-    EXPECT_UCS_OK(comp.status);
-    for (int i = 0; i < NUM_READS; ++i) {
-        EXPECT_TRUE(std::equal(data[i].begin(), data[i].end(),
-                               region() + ((i * SHIFT) %
-                                           (REGION_SIZE - LENGTH))))
-                << "read " << i;
-    }
+    wait_reads(&comp, ucs_get_time() + ucs_time_from_sec(20), data,
+               expected);
     EXPECT_EQ(0u, USNIC_DROPS(receiver_iface(), NO_RESOURCE));
 }
 
