@@ -194,9 +194,9 @@ pending='usnic/test_uct_pending*'
 # UCX 1.22's protocol reset tests (UCP's, in the generic set) restart a
 # request caught between two of its fragments, found by posting 1,000
 # requests until the transport refuses one. Reads of 70 KB are two
-# get_bcopy fragments of one datagram each, and the kernel provider's
-# window opens by even numbers of datagrams (slow start grows it by as many
-# as were acknowledged): the refusal fell between two requests, and now and
+# get_bcopy fragments of one datagram each, and the congestion window
+# opens by even numbers of datagrams (slow start grows it by as many as
+# were acknowledged): the refusal fell between two requests, and now and
 # then no request was ever caught halfway. UCX gives IB 65 send queue
 # entries for these tests; 65 send buffers do the same here.
 proto_reset='usnic/test_proto_reset*'
