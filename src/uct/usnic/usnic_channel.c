@@ -678,6 +678,7 @@ ucs_status_t uct_usnic_channel_init(uct_usnic_channel_t *channel,
     channel->max_msg_size = params->max_msg_size;
     channel->fault        = NULL;
     channel->rx_bad_seal  = 0;
+    channel->rx_oversized = 0;
     channel->prefix_size  = uct_usnic_channel_prefix(info,
                                                      params->forced_prefix);
     channel->fake_prefix  = channel->prefix_size -

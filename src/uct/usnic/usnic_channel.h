@@ -192,6 +192,12 @@ struct uct_usnic_channel {
         int                   fd;           /* Kernel provider's socket */
         int                   gso;          /* UDP_SEGMENT sends work */
         int                   gro;          /* UDP_GRO receives asked */
+        int                   gro_on;       /* UDP_GRO now on */
+        int                   single;       /* One datagram per recv() */
+        unsigned              streak;       /* Polls in a row that found
+                                               one datagram when they found
+                                               any (batches), or found one
+                                               (one per recv) */
         unsigned              num_slots;    /* Datagrams per recvmmsg */
         size_t                slot_size;
         void                  *slots;       /* Receive staging buffers */
@@ -214,6 +220,8 @@ struct uct_usnic_channel {
     uct_usnic_seal_t          seal;         /* Ends every datagram */
     uct_usnic_fault_t         *fault;       /* NULL unless injecting */
     uint64_t                  rx_bad_seal;  /* Dropped: damaged or forged */
+    uint64_t                  rx_oversized; /* Dropped: longer than any
+                                               datagram of the protocol */
     unsigned                  rx_queue_len;
     unsigned                  rx_batch;
     unsigned                  rx_posted;

@@ -1634,7 +1634,9 @@ static void uct_usnic_iface_log_stats(uct_usnic_iface_t *iface)
                      stats[UCT_USNIC_IFACE_STAT_RX_PACKETS],
                      stats[UCT_USNIC_IFACE_STAT_RX_ACKS],
                      stats[UCT_USNIC_IFACE_STAT_RX_STREAMS_RECLAIMED],
-                     drop[UCT_USNIC_RX_DROP_INVALID],
+                     drop[UCT_USNIC_RX_DROP_INVALID] +
+                     iface->channels[UCT_USNIC_CHANNEL_PRIO].rx_oversized +
+                     iface->channels[UCT_USNIC_CHANNEL_DATA].rx_oversized,
                      drop[UCT_USNIC_RX_DROP_STALE],
                      drop[UCT_USNIC_RX_DROP_FORGED],
                      drop[UCT_USNIC_RX_DROP_NO_STREAM],

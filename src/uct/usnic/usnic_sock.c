@@ -57,6 +57,17 @@
 #define UCT_USNIC_SOCK_GRO_SLOTS     8
 #define UCT_USNIC_SOCK_RX_SLOTS      32
 
+/*
+ * A channel whose polls found exactly one datagram, each time something
+ * came, SINGLE_POLLS times in a row reads one datagram per recv(), which
+ * needs UDP_GRO off: it is turned off halfway, so that a buffer the kernel
+ * coalesced before it saw the change is still read with its segment size.
+ * BATCH_POLLS polls in a row that find a datagram bring back batches.
+ */
+#define UCT_USNIC_SOCK_SINGLE_POLLS  16
+#define UCT_USNIC_SOCK_BATCH_POLLS   4
+#define UCT_USNIC_SOCK_GRO_OFF_POLLS (UCT_USNIC_SOCK_SINGLE_POLLS / 2)
+
 /* Largest datagram offered: a jumbo frame's. Loopback stands in for a
  * network, with Ethernet's frames. */
 #define UCT_USNIC_SOCK_MAX_MTU       9000
@@ -300,6 +311,7 @@ static unsigned uct_usnic_sock_rx_slot(uct_usnic_channel_t *channel,
     if (ucs_unlikely(mmsg->msg_hdr.msg_flags & MSG_TRUNC)) {
         /* Larger than any datagram the protocol sends */
         ucs_debug("%s: dropped a truncated datagram", channel->name);
+        ++channel->rx_oversized;
         seg_size = 0;
         length   = 0;
     }
@@ -312,6 +324,7 @@ static unsigned uct_usnic_sock_rx_slot(uct_usnic_channel_t *channel,
         seg_len = ucs_min(seg_size, length - offset);
         ++count;
         if (ucs_unlikely(seg_len > channel->max_msg_size)) {
+            ++channel->rx_oversized;
             continue;
         }
 
@@ -331,8 +344,43 @@ static unsigned uct_usnic_sock_rx_slot(uct_usnic_channel_t *channel,
     return count;
 }
 
-static unsigned uct_usnic_sock_progress(uct_usnic_channel_t *channel,
-                                        unsigned max_events)
+static void uct_usnic_sock_rx_error(uct_usnic_channel_t *channel,
+                                    const char *call)
+{
+    if ((errno != EAGAIN) && (errno != EWOULDBLOCK) && (errno != EINTR)) {
+        ucs_error("%s: %s failed: %m", channel->name, call);
+    }
+}
+
+/* Turn UDP_GRO on or off where the channel coalesces */
+static void uct_usnic_sock_set_gro(uct_usnic_channel_t *channel, int on)
+{
+    if (!channel->sock.gro || (channel->sock.gro_on == on)) {
+        return;
+    }
+
+    if (setsockopt(channel->sock.fd, SOL_UDP, UDP_GRO, &on, sizeof(on)) != 0) {
+        ucs_debug("%s: cannot set UDP_GRO to %d: %m", channel->name, on);
+        return;
+    }
+
+    channel->sock.gro_on = on;
+}
+
+static void uct_usnic_sock_set_single(uct_usnic_channel_t *channel,
+                                      int single)
+{
+    ucs_trace("%s: reading %s", channel->name,
+              single ? "one datagram per recv" : "batches");
+    channel->sock.single = single;
+    channel->sock.streak = 0;
+    if (!single) {
+        uct_usnic_sock_set_gro(channel, 1);
+    }
+}
+
+static unsigned uct_usnic_sock_progress_batch(uct_usnic_channel_t *channel,
+                                              unsigned max_events)
 {
     unsigned count = 0;
     unsigned want, i;
@@ -343,9 +391,8 @@ static unsigned uct_usnic_sock_progress(uct_usnic_channel_t *channel,
         ret  = recvmmsg(channel->sock.fd, channel->sock.msgs, want,
                         MSG_DONTWAIT, NULL);
         if (ret <= 0) {
-            if ((ret < 0) && (errno != EAGAIN) && (errno != EWOULDBLOCK) &&
-                (errno != EINTR)) {
-                ucs_error("%s: recvmmsg failed: %m", channel->name);
+            if (ret < 0) {
+                uct_usnic_sock_rx_error(channel, "recvmmsg");
             }
             break;
         }
@@ -356,7 +403,57 @@ static unsigned uct_usnic_sock_progress(uct_usnic_channel_t *channel,
         /* Fewer than asked for: the socket is empty */
     } while ((ret == want) && (count < max_events));
 
+    if (count > 1) {
+        channel->sock.streak = 0;
+        uct_usnic_sock_set_gro(channel, 1);
+    } else if ((count == 1) &&
+               (++channel->sock.streak >= UCT_USNIC_SOCK_GRO_OFF_POLLS)) {
+        /* An empty poll says nothing of how datagrams come */
+        uct_usnic_sock_set_gro(channel, 0);
+        if ((channel->sock.streak >= UCT_USNIC_SOCK_SINGLE_POLLS) &&
+            !channel->sock.gro_on) {
+            uct_usnic_sock_set_single(channel, 1);
+        }
+    }
+
     return count;
+}
+
+/* recv() costs a third less than recvmsg() or recvmmsg(), which a poll that
+ * mostly finds nothing pays in full (the latency of a ping-pong) */
+static unsigned uct_usnic_sock_progress_single(uct_usnic_channel_t *channel)
+{
+    struct mmsghdr *mmsg = &channel->sock.msgs[0];
+    ssize_t ret;
+
+    ret = recv(channel->sock.fd, channel->sock.iovs[0].iov_base,
+               channel->sock.slot_size, MSG_DONTWAIT | MSG_TRUNC);
+    if (ret < 0) {
+        uct_usnic_sock_rx_error(channel, "recv");
+        channel->sock.streak = 0;
+        return 0;
+    }
+
+    if (++channel->sock.streak >= UCT_USNIC_SOCK_BATCH_POLLS) {
+        /* They come faster than polls */
+        uct_usnic_sock_set_single(channel, 0);
+    }
+
+    mmsg->msg_len                = ret;
+    mmsg->msg_hdr.msg_controllen = 0;
+    mmsg->msg_hdr.msg_flags      = ((size_t)ret > channel->sock.slot_size) ?
+                                   MSG_TRUNC : 0;
+    return uct_usnic_sock_rx_slot(channel, 0);
+}
+
+static unsigned uct_usnic_sock_progress(uct_usnic_channel_t *channel,
+                                        unsigned max_events)
+{
+    if (channel->sock.single) {
+        return uct_usnic_sock_progress_single(channel);
+    }
+
+    return uct_usnic_sock_progress_batch(channel, max_events);
 }
 
 static int uct_usnic_sock_may_wait(uct_usnic_channel_t *channel)
@@ -520,9 +617,13 @@ ucs_status_t uct_usnic_sock_open(uct_usnic_channel_t *channel,
                                    INT_MAX / 2));
 
     channel->sock.gso = 1; /* Until a send says otherwise */
-    channel->sock.gro = params->coalesce &&
-                        (setsockopt(channel->sock.fd, SOL_UDP, UDP_GRO, &one,
-                                    sizeof(one)) == 0);
+    channel->sock.gro          = params->coalesce &&
+                                 (setsockopt(channel->sock.fd, SOL_UDP,
+                                             UDP_GRO, &one,
+                                             sizeof(one)) == 0);
+    channel->sock.gro_on       = channel->sock.gro;
+    channel->sock.single       = 0;
+    channel->sock.streak       = 0;
     if (channel->sock.gro) {
         channel->sock.num_slots = UCT_USNIC_SOCK_GRO_SLOTS;
         channel->sock.slot_size = UCT_USNIC_SOCK_GRO_SLOT_SIZE;

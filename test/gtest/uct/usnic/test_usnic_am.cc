@@ -499,6 +499,48 @@ UCS_TEST_P(test_usnic_am, lone_bcopy_not_held) {
     EXPECT_EQ(0u, USNIC_COUNTER(iface, TX_HELD));
 }
 
+/* Over the kernel provider the data channel of a receiver whose polls find
+ * one datagram at a time (a ping-pong) reads one datagram per recv() with
+ * UDP_GRO off, and goes back to batches with UDP_GRO on when datagrams
+ * pile up: messages of several
+ * datagrams (one segmentation offload send each) arrive intact and in
+ * order across every switch, segmented by the kernel in the one mode and
+ * coalesced in the other, and none is read whole as one datagram */
+UCS_TEST_SKIP_COND_P(test_usnic_am, receive_mode_follows_traffic,
+                     !on_kernel_provider()) {
+    entity *sender                   = add_sender();
+    const uct_usnic_channel_t *data  =
+            &receiver_iface()->channels[UCT_USNIC_CHANNEL_DATA];
+    size_t length                    = 3 * receiver_iface()->config.max_payload;
+    size_t count                     = 2000 / ucs::test_time_multiplier();
+
+    ASSERT_TRUE(data->sock.gro) << "the kernel lacks UDP_GRO";
+    for (int round = 0; round < 3; ++round) {
+        for (int i = 0; i < 40; ++i) {
+            send(sender, 0, sizeof(message), SEND_SHORT);
+            progress_until([this]() { return m_received >= m_sent; });
+        }
+        ASSERT_TRUE(data->sock.single) << "round " << round;
+        EXPECT_FALSE(data->sock.gro_on);
+
+        bool batches = false;
+        for (size_t i = 0; i < count; ++i) {
+            send(sender, 0, length, SEND_BCOPY);
+            batches |= !data->sock.single && data->sock.gro_on;
+        }
+        progress_until([&]() {
+            batches |= !data->sock.single && data->sock.gro_on;
+            return m_received >= m_sent;
+        });
+        EXPECT_TRUE(batches) << "round " << round;
+        wait_all_received();
+    }
+
+    EXPECT_EQ(0u, data->rx_oversized);
+    EXPECT_EQ(0u, data->rx_bad_seal);
+    EXPECT_EQ(0u, USNIC_DROPS(receiver_iface(), INVALID));
+}
+
 UCS_TEST_P(test_usnic_am, stream_bcopy_random_sizes) {
     entity *sender = add_sender();
     size_t count   = 20000 / ucs::test_time_multiplier();
