@@ -194,10 +194,11 @@ struct uct_usnic_channel {
         int                   gro;          /* UDP_GRO receives asked */
         int                   gro_on;       /* UDP_GRO now on */
         int                   single;       /* One datagram per recv() */
-        unsigned              streak;       /* Polls in a row that found
-                                               one datagram when they found
-                                               any (batches), or found one
-                                               (one per recv) */
+        unsigned              streak;       /* Batches: non-empty polls
+                                               in a row that found just one
+                                               datagram; one per recv():
+                                               polls in a row that found
+                                               one */
         unsigned              num_slots;    /* Datagrams per recvmmsg */
         size_t                slot_size;
         void                  *slots;       /* Receive staging buffers */

@@ -501,11 +501,11 @@ UCS_TEST_P(test_usnic_am, lone_bcopy_not_held) {
 
 /* Over the kernel provider the data channel of a receiver whose polls find
  * one datagram at a time (lone messages) reads one datagram per recv() with
- * UDP_GRO off, and goes back to batches with UDP_GRO on when datagrams
- * pile up: messages of several
- * datagrams (one segmentation offload send each) arrive intact and in
- * order across every switch, segmented by the kernel in the one mode and
- * coalesced in the other, and none is read whole as one datagram */
+ * UDP_GRO off, and goes back to batches with UDP_GRO on when datagrams pile
+ * up: messages of several datagrams (one segmentation offload send each)
+ * arrive intact and in order across every switch, segmented by the kernel
+ * in the one mode and coalesced in the other, and none is read whole as
+ * one datagram */
 UCS_TEST_SKIP_COND_P(test_usnic_am, receive_mode_follows_traffic,
                      !on_kernel_provider()) {
     entity *sender                   = add_sender();
