@@ -388,16 +388,14 @@ unsigned uct_usnic_channel_send_burst(uct_usnic_channel_t *channel,
 
 static UCS_F_ALWAYS_INLINE unsigned
 uct_usnic_channel_poll(uct_usnic_channel_t *channel, unsigned max_events,
-                       int may_skip)
+                       int may_skip, ucs_time_t now)
 {
     unsigned count;
-    ucs_time_t now;
 
     /* Send slots come back with completions: never skipped while any is
      * out */
     if (may_skip && (channel->tx_slots_posted == 0) &&
         (channel->idle_polls >= UCT_USNIC_CHANNEL_IDLE_POLLS)) {
-        now = ucs_get_time();
         if (((++channel->skipped_polls % UCT_USNIC_CHANNEL_POLL_INTERVAL) !=
              0) &&
             ((now - channel->last_poll) < channel->max_skip)) {

@@ -693,16 +693,19 @@ UCT_USNIC_IFACE_IS_REACHABLE_ADAPTER(uct_usnic_iface_is_reachable_v2)
  * retransmissions, pending requests.
  */
 static UCS_F_ALWAYS_INLINE int
-uct_usnic_iface_timers_due(uct_usnic_iface_t *iface)
+uct_usnic_iface_timers_due(uct_usnic_iface_t *iface, ucs_time_t now)
 {
     return !ucs_twheel_is_empty(&iface->tx_wheel) &&
-           ((ucs_get_time() - ucs_twheel_get_time(&iface->tx_wheel)) >=
+           ((now - ucs_twheel_get_time(&iface->tx_wheel)) >=
             iface->tx_wheel.res);
 }
 
 static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
 {
     uct_usnic_iface_t *iface = ucs_derived_of(tl_iface, uct_usnic_iface_t);
+    /* One clock read serves a call that finds nothing: a spinning user pays
+     * it once per poll of the data channel */
+    ucs_time_t now           = ucs_get_time();
     unsigned count;
 
     uct_usnic_iface_enter(iface);
@@ -715,11 +718,15 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
     count  = uct_usnic_channel_poll(&iface->channels[UCT_USNIC_CHANNEL_PRIO],
                                     iface->config.max_poll,
                                     (iface->tx_awaited == 0) &&
-                                    !uct_usnic_iface_timers_due(iface));
+                                    !uct_usnic_iface_timers_due(iface, now),
+                                    now);
     count += uct_usnic_channel_poll(&iface->channels[UCT_USNIC_CHANNEL_DATA],
                                     iface->config.max_poll,
-                                    iface->sent_since_progress);
+                                    iface->sent_since_progress, now);
     iface->sent_since_progress = 0;
+    if (count > 0) {
+        now = ucs_get_time(); /* Handling what came took time */
+    }
 
     if (!ucs_list_is_empty(&iface->ack_streams)) {
         uct_usnic_rx_send_acks(iface, 0);
@@ -729,8 +736,8 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
         uct_usnic_bundle_progress(iface, 0);
     }
 
-    if (!ucs_twheel_is_empty(&iface->tx_wheel)) {
-        count += uct_usnic_tx_progress_timers(iface);
+    if (uct_usnic_iface_timers_due(iface, now)) {
+        count += uct_usnic_tx_progress_timers(iface, now);
     }
 
     if (ucs_unlikely(!ucs_list_is_empty(&iface->failed_eps))) {
@@ -739,7 +746,7 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
     }
 
     if (iface->num_streams > 0) {
-        uct_usnic_rx_reclaim_streams(iface, ucs_get_time());
+        uct_usnic_rx_reclaim_streams(iface, now);
     }
 
     if (!ucs_arbiter_is_empty(&iface->arbiter)) {

@@ -804,9 +804,9 @@ static void uct_usnic_tx_timer_rearm(uct_usnic_iface_t *iface,
     }
 }
 
-unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface)
+unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface,
+                                      ucs_time_t now)
 {
-    ucs_time_t now  = ucs_get_time();
     unsigned budget = iface->config.max_resend;
     unsigned count  = 0;
     uct_usnic_ep_t *ep;

@@ -56,7 +56,8 @@ void uct_usnic_tx_timer_fired(ucs_wtimer_t *timer);
 
 /* Resends, tail-loss probes and peer timeouts of the eps whose timers are
  * due, within UCX_USNIC_MAX_RESEND datagrams */
-unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface);
+unsigned uct_usnic_tx_progress_timers(uct_usnic_iface_t *iface,
+                                      ucs_time_t now);
 
 /* Fail the eps whose timers are due and whose peer acknowledged nothing for
  * the timeout; nothing is resent (the user's progress reads the ACKs
