@@ -675,6 +675,7 @@ static void uct_usnic_fuzz_write_seeds(const char *dir)
     uint8_t bundle[3 * (sizeof(bundle_rec) + 8)] = {0};
     uct_usnic_hdr_t bad_hdr;
     unsigned i;
+    static const uint8_t padded[] = {1, 2, 3, 4, 5, 0, 0, 3};
     static uct_usnic_fuzz_seed_t seed;
 
     memset(body, 0x33, sizeof(body));
@@ -710,6 +711,15 @@ static void uct_usnic_fuzz_write_seeds(const char *dir)
     uct_usnic_fuzz_seed_dgram(&seed, R | UCT_USNIC_FUZZ_SEL_PROGRESS, AM, 0,
                               5, 0, 2, NULL, 1000, 0);
     uct_usnic_fuzz_seed_write(dir, "am-multi-ooo", &seed);
+
+    /* Equal fragments, the last padded (5 bytes of data, 3 of padding) */
+    uct_usnic_fuzz_seed_dgram(&seed, R, AM, UCT_USNIC_PKT_FLAG_FIRST | open,
+                              6, none, 1, NULL, 8, 0);
+    uct_usnic_fuzz_seed_dgram(&seed, R, AM,
+                              UCT_USNIC_PKT_FLAG_LAST |
+                              UCT_USNIC_PKT_FLAG_PADDED, 6, 0, 2, padded,
+                              sizeof(padded), 0);
+    uct_usnic_fuzz_seed_write(dir, "am-multi-padded", &seed);
 
     /* A new message starting inside another; a continuation without start */
     uct_usnic_fuzz_seed_dgram(&seed, R, AM, UCT_USNIC_PKT_FLAG_FIRST | open,

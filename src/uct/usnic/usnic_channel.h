@@ -206,6 +206,8 @@ struct uct_usnic_channel {
         struct iovec          *iovs;
         void                  *cmsgs;
         void                  *stage;       /* Send: runs to segment */
+        uint64_t              sends;        /* Datagrams and runs handed
+                                               to the kernel */
     } sock;
     uct_usnic_channel_rx_cb_t rx_cb;
     size_t                    prefix_size;  /* FI_MSG_PREFIX room */

@@ -334,6 +334,41 @@ uct_usnic_ep_msg_packets(size_t length, size_t max_frag)
     return ucs_max(ucs_div_round_up(length, max_frag), 1);
 }
 
+/*
+ * A copied message is cut into datagrams of equal size, the last one padded
+ * to it: a stream of equal messages is then a stream of equal datagrams,
+ * which the kernel provider hands over a burst's worth at a time as one
+ * segmentation-offload send, where each message's shorter last datagram
+ * ended the run. The padding, less than one byte per datagram, says its
+ * length in its last byte. Returns it.
+ */
+static UCS_F_ALWAYS_INLINE size_t
+uct_usnic_ep_msg_frag(const uct_usnic_ep_msg_t *msg, size_t total,
+                      size_t max_frag, size_t *frag_p)
+{
+    unsigned packets = uct_usnic_ep_msg_packets(total, max_frag);
+    size_t frag;
+
+    /* The user's memory leaves as it is */
+    if ((msg->iov != NULL) || (packets == 1) || (packets > UINT8_MAX)) {
+        *frag_p = max_frag;
+        return 0;
+    }
+
+    /* The last one keeps a byte of the message: frag * (packets - 1) is
+     * less than total as long as a datagram holds more than 255 bytes */
+    frag    = ucs_div_round_up(total, packets);
+    *frag_p = frag;
+    ucs_assert((frag * (packets - 1)) < total);
+    return (frag * packets) - total;
+}
+
+static UCS_F_ALWAYS_INLINE void uct_usnic_ep_pad(void *dst, size_t pad)
+{
+    memset(dst, 0, pad - 1);
+    *(uint8_t*)UCS_PTR_BYTE_OFFSET(dst, pad - 1) = pad;
+}
+
 /* Post a message; the window has room for all its datagrams */
 static void uct_usnic_ep_post_msg(uct_usnic_ep_t *ep,
                                   const uct_usnic_ep_msg_t *msg)
@@ -349,14 +384,15 @@ static void uct_usnic_ep_post_msg(uct_usnic_ep_t *ep,
     size_t total             = msg->header_length + msg->length;
     size_t offset            = 0;
     uct_usnic_tx_desc_t *desc, *first = NULL;
-    size_t frag_len, hdr_len, iovcnt;
+    size_t frag_len, hdr_len, iovcnt, frag, pad;
     ucs_iov_iter_t iov_iter;
     void *body;
 
+    pad = uct_usnic_ep_msg_frag(msg, total, max_frag, &frag);
     ucs_iov_iter_init(&iov_iter);
     uct_usnic_iface_enter(iface);
     do {
-        frag_len = ucs_min(total - offset, max_frag);
+        frag_len = ucs_min(total - offset, frag);
         if ((offset + frag_len) == total) {
             flags |= UCT_USNIC_PKT_FLAG_LAST;
         }
@@ -384,8 +420,15 @@ static void uct_usnic_ep_post_msg(uct_usnic_ep_t *ep,
                                                       msg->header_length),
                        frag_len - hdr_len);
             }
-            uct_usnic_tx_queue(ep, desc, type, msg->am_id, flags,
-                               ext_len + frag_len);
+            if (!(flags & UCT_USNIC_PKT_FLAG_LAST) || (pad == 0)) {
+                uct_usnic_tx_queue(ep, desc, type, msg->am_id, flags,
+                                   ext_len + frag_len);
+            } else {
+                uct_usnic_ep_pad(UCS_PTR_BYTE_OFFSET(body, frag_len), pad);
+                uct_usnic_tx_queue(ep, desc, type, msg->am_id,
+                                   flags | UCT_USNIC_PKT_FLAG_PADDED,
+                                   ext_len + frag_len + pad);
+            }
         } else {
             iovcnt             = UCT_USNIC_ZCOPY_MAX_IOV;
             desc->zcopy.length = uct_iov_to_iovec(desc->zcopy.iov, &iovcnt,

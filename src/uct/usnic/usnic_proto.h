@@ -18,7 +18,7 @@
  * All fields are little-endian, except addresses and ports (network order).
  */
 
-#define UCT_USNIC_PROTO_VERSION 5
+#define UCT_USNIC_PROTO_VERSION 6
 
 /* Stream id of a packet whose sender does not know the receiver's stream
  * yet: the packet carries an open extension instead */
@@ -55,7 +55,9 @@ enum {
     UCT_USNIC_PKT_FLAG_ACK   = UCS_BIT(3), /* ACK trailer after the payload */
     UCT_USNIC_PKT_FLAG_ACK_REQ = UCS_BIT(4), /* The sender's window is full:
                                                 ACK without delay */
-    UCT_USNIC_PKT_FLAGS_ALL  = UCS_MASK(5)
+    UCT_USNIC_PKT_FLAG_PADDED  = UCS_BIT(5), /* The body ends with padding,
+                                                whose last byte is its length */
+    UCT_USNIC_PKT_FLAGS_ALL  = UCS_MASK(6)
 };
 
 

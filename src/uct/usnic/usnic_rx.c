@@ -475,6 +475,31 @@ uct_usnic_rx_deliver(uct_usnic_iface_t *iface, uct_usnic_rx_stream_t *stream,
 }
 
 /*
+ * The padding that made the last datagram of a copied message as long as
+ * the others: only there, and with at least a byte of the message before
+ * it. Takes it off body_len_p.
+ */
+static int uct_usnic_rx_unpad(const uct_usnic_hdr_t *hdr, uint8_t type,
+                              size_t min_body, size_t *body_len_p)
+{
+    uint8_t pad;
+
+    if (((type != UCT_USNIC_PKT_AM) && (type != UCT_USNIC_PKT_PUT)) ||
+        !(hdr->flags & UCT_USNIC_PKT_FLAG_LAST) ||
+        (*body_len_p <= min_body)) {
+        return 0;
+    }
+
+    pad = *(const uint8_t*)UCS_PTR_BYTE_OFFSET(hdr + 1, *body_len_p - 1);
+    if ((pad == 0) || (pad >= (*body_len_p - min_body))) {
+        return 0;
+    }
+
+    *body_len_p -= pad;
+    return 1;
+}
+
+/*
  * Check what every datagram starts with: room for the header and min_body
  * more bytes, our protocol version, the expected type, and addressed to
  * this incarnation of the iface. Counts and drops what fails.
@@ -600,6 +625,9 @@ uct_usnic_rx_parse(uct_usnic_iface_t *iface, void *data, size_t length,
 
     *body_len_p = length - sizeof(*hdr) - open_len - ack_len;
     if (ucs_unlikely((hdr->flags & ~UCT_USNIC_PKT_FLAGS_ALL) ||
+                     ((hdr->flags & UCT_USNIC_PKT_FLAG_PADDED) &&
+                      !uct_usnic_rx_unpad(hdr, type, min_body,
+                                          body_len_p)) ||
                      (hdr->am_id >= ((type == UCT_USNIC_PKT_AM) ?
                                      UCT_AM_ID_MAX : 1)) ||
                      ((type == UCT_USNIC_PKT_PROBE) && (*body_len_p != 0)) ||

@@ -97,6 +97,7 @@ static ssize_t uct_usnic_sock_send(uct_usnic_channel_t *channel,
     ucs_assert(dest < channel->av->count);
     if (ucs_likely(sendto(channel->sock.fd, buffer, length, MSG_DONTWAIT,
                           (const struct sockaddr*)addr, sizeof(*addr)) >= 0)) {
+        ++channel->sock.sends;
         return 0;
     }
 
@@ -213,6 +214,7 @@ static unsigned uct_usnic_sock_send_gso(uct_usnic_channel_t *channel,
         return 0;
     }
 
+    channel->sock.sends += ret;
     for (i = 0, sent = 0; i < ret; ++i) {
         sent += runs[i];
     }
@@ -246,7 +248,12 @@ static unsigned uct_usnic_sock_send_mmsg(uct_usnic_channel_t *channel,
     }
 
     ret = sendmmsg(channel->sock.fd, msgs, count, MSG_DONTWAIT);
-    return (ret > 0) ? ret : 0;
+    if (ret <= 0) {
+        return 0;
+    }
+
+    channel->sock.sends += ret;
+    return ret;
 }
 
 static unsigned uct_usnic_sock_send_burst(uct_usnic_channel_t *channel,
@@ -616,7 +623,8 @@ ucs_status_t uct_usnic_sock_open(uct_usnic_channel_t *channel,
                            ucs_min(params->tx_queue_len * dgram_cost,
                                    INT_MAX / 2));
 
-    channel->sock.gso = 1; /* Until a send says otherwise */
+    channel->sock.gso          = 1; /* Until a send says otherwise */
+    channel->sock.sends        = 0;
     channel->sock.gro          = params->coalesce &&
                                  (setsockopt(channel->sock.fd, SOL_UDP,
                                              UDP_GRO, &one,

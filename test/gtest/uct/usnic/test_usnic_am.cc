@@ -475,6 +475,38 @@ UCS_TEST_P(test_usnic_am, stream_bcopy_held) {
     }
 }
 
+/* Equal messages whose length is no multiple of a datagram's payload are cut
+ * into equal datagrams, the last padded: over kernel a held-back burst of
+ * them leaves as one segmentation-offload run spanning messages, where each
+ * message's shorter last datagram ended the run. The padding never reaches
+ * the user: every message intact, exactly once, in order. */
+UCS_TEST_P(test_usnic_am, stream_bcopy_runs_span_messages) {
+    set_usnic_config("BUNDLE_DELAY", "500us");
+    entity *sender            = add_sender();
+    const uct_usnic_iface_t *iface =
+            ucs_derived_of(sender->iface(), uct_usnic_iface_t);
+    const uct_usnic_channel_t *data =
+            &iface->channels[UCT_USNIC_CHANNEL_DATA];
+    size_t count              = 4000 / ucs::test_time_multiplier();
+    size_t length             = (3 * iface->config.max_payload) - 5;
+
+    for (size_t i = 0; i < count; ++i) {
+        send(sender, 0, length, SEND_BCOPY);
+    }
+    wait_all_received();
+    if (!ucs_derived_of(sender->md(), uct_usnic_md_t)->kernel) {
+        return;
+    }
+
+    UCS_TEST_MESSAGE << count << " messages in "
+                     << USNIC_COUNTER(iface, TX_PACKETS) << " datagrams, "
+                     << data->sock.sends << " sends to the kernel, "
+                     << USNIC_COUNTER(iface, TX_HELD) << " messages held back";
+    ASSERT_TRUE(data->sock.gso) << "the kernel lacks UDP_SEGMENT";
+    EXPECT_GT(USNIC_COUNTER(iface, TX_HELD), count / 4);
+    EXPECT_LT(data->sock.sends, count / 2);
+}
+
 /* A message posted after the application paused is not held back, however
  * many datagrams it has and whatever is in flight */
 UCS_TEST_P(test_usnic_am, lone_bcopy_not_held) {

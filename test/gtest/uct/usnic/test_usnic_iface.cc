@@ -387,7 +387,11 @@ protected:
     static ucs_status_t am_handler(void *arg, void *data, size_t length,
                                    unsigned flags)
     {
-        ++((test_usnic_iface_malformed*)arg)->m_delivered;
+        test_usnic_iface_malformed *self = (test_usnic_iface_malformed*)arg;
+
+        ++self->m_delivered;
+        self->m_last.assign((const uint8_t*)data,
+                            (const uint8_t*)data + length);
         return UCS_OK;
     }
 
@@ -462,6 +466,7 @@ protected:
 
     unsigned m_delivered   = 0;
     uint32_t m_next_serial = 1;
+    std::vector<uint8_t> m_last; /* The last message delivered */
 };
 
 UCS_TEST_P(test_usnic_iface_malformed, fields_checked) {
@@ -561,6 +566,51 @@ UCS_TEST_P(test_usnic_iface_malformed, fields_checked) {
 
     /* Still the one stream and the one delivery */
     EXPECT_EQ(1u, kh_size(&iface->stream_hash));
+    EXPECT_EQ(1u, m_delivered);
+}
+
+/* Padding is taken off the last datagram of a message, and only there; it
+ * never eats into the message */
+UCS_TEST_P(test_usnic_iface_malformed, padding_checked) {
+    const uct_usnic_channel_id_t data = UCT_USNIC_CHANNEL_DATA;
+    const uint8_t payload[]           = {1, 2, 3, 4, 5, 0, 0, 3};
+    am_datagram dgram;
+
+    /* A padded one-datagram message: 5 bytes and 3 of padding */
+    auto padded = [&]() {
+        am_datagram d = am();
+        d.hdr.flags  |= UCT_USNIC_PKT_FLAG_PADDED;
+        memcpy(&d.payload, payload, sizeof(payload));
+        return d;
+    };
+
+    dgram = padded();
+    send_and_wait(data, &dgram, sizeof(dgram));
+    EXPECT_EQ(1u, m_delivered);
+    EXPECT_EQ(std::vector<uint8_t>(payload, payload + 5), m_last);
+    EXPECT_EQ(0u, drops(UCT_USNIC_RX_DROP_INVALID));
+
+    dgram = padded();
+    reinterpret_cast<uint8_t*>(&dgram.payload)[7] = 0;
+    expect_invalid(data, &dgram, sizeof(dgram), "padding of length 0");
+
+    dgram = padded();
+    reinterpret_cast<uint8_t*>(&dgram.payload)[7] = 8;
+    expect_invalid(data, &dgram, sizeof(dgram), "padding, no message");
+
+    dgram = padded();
+    reinterpret_cast<uint8_t*>(&dgram.payload)[7] = 9;
+    expect_invalid(data, &dgram, sizeof(dgram), "padding past the body");
+
+    dgram            = padded();
+    dgram.hdr.flags &= ~UCT_USNIC_PKT_FLAG_LAST;
+    expect_invalid(data, &dgram, sizeof(dgram), "padding, not the last");
+
+    dgram           = padded();
+    dgram.hdr.type  = UCT_USNIC_PKT_BUNDLE;
+    dgram.hdr.am_id = 0;
+    expect_invalid(data, &dgram, sizeof(dgram), "padded bundle");
+
     EXPECT_EQ(1u, m_delivered);
 }
 
