@@ -766,6 +766,45 @@ UCS_TEST_P(test_usnic_am, ping_pong_piggyback_acks) {
     }
 }
 
+/* In a ping-pong of messages of several datagrams, each request and each
+ * reply is the first post after news from the other side: sent at once,
+ * never held back for more, however soon after the previous post */
+UCS_TEST_P(test_usnic_am, ping_pong_bcopy_not_held) {
+    set_usnic_config("BUNDLE_DELAY", "500us");
+    const size_t count = 200;
+    entity *sender     = add_sender();
+    const uct_usnic_iface_t *ifaces[] = {
+        ucs_derived_of(sender->iface(), uct_usnic_iface_t), receiver_iface()
+    };
+    size_t length      = (3 * ifaces[0]->config.max_payload) - 5;
+
+    ASSERT_UCS_OK(uct_iface_set_am_handler(sender->iface(), AM_ID,
+                                           am_handler, this, 0));
+    m_receiver->connect(0, *sender, 0);
+    m_next_seq.push_back(0);
+
+    /* Only the side the message goes to progresses until it has it */
+    auto arrives = [this](entity *to) {
+        ucs_time_t deadline = ucs_get_time() + ucs_time_from_sec(1);
+        while ((m_received < m_sent) && (ucs_get_time() < deadline)) {
+            to->progress();
+        }
+        return m_received == m_sent;
+    };
+
+    for (size_t i = 0; i < count; ++i) {
+        send(sender, 0, length, SEND_BCOPY);
+        ASSERT_TRUE(arrives(m_receiver)) << "request " << i << " held back";
+        send(m_receiver, 1, length, SEND_BCOPY);
+        ASSERT_TRUE(arrives(sender)) << "reply " << i << " held back";
+    }
+    wait_all_received();
+
+    for (const uct_usnic_iface_t *iface : ifaces) {
+        EXPECT_EQ(0u, USNIC_COUNTER(iface, TX_HELD));
+    }
+}
+
 /* Flush completes only when everything sent before it has arrived */
 UCS_TEST_P(test_usnic_am, flush_semantics) {
     entity *sender = add_sender();
