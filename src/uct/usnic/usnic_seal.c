@@ -279,30 +279,23 @@ void uct_usnic_seal_cleanup(uct_usnic_seal_t *seal)
     }
 }
 
-/* The seal of a datagram, into buf (UCT_USNIC_SEAL_MAX_LEN bytes) */
-static void uct_usnic_seal_compute(const uct_usnic_seal_t *seal,
-                                   const struct iovec *iov, unsigned iovcnt,
-                                   void *buf)
-{
-    uint32_t checksum;
-
-    if (seal->type == UCT_USNIC_SEAL_CHECKSUM) {
-        checksum = seal->checksum(seal, iov, iovcnt);
-        memcpy(buf, &checksum, sizeof(checksum));
-    } else {
-        uct_usnic_seal_mac(seal, iov, iovcnt, buf);
-    }
-}
-
+/* The checksum is copied and compared with its constant size: the compiler
+ * does that in place, where a call to the library cost as much as the hash
+ * of a short datagram */
 void uct_usnic_seal_put_iov(const uct_usnic_seal_t *seal,
                             const struct iovec *iov, unsigned iovcnt)
 {
     const struct iovec *last = &iov[iovcnt - 1];
-    uint8_t buf[UCT_USNIC_SEAL_MAX_LEN];
+    void *seal_p             = UCS_PTR_BYTE_OFFSET(last->iov_base,
+                                                   last->iov_len);
+    uint32_t checksum;
 
-    uct_usnic_seal_compute(seal, iov, iovcnt, buf);
-    memcpy(UCS_PTR_BYTE_OFFSET(last->iov_base, last->iov_len), buf,
-           seal->length);
+    if (seal->type == UCT_USNIC_SEAL_CHECKSUM) {
+        checksum = seal->checksum(seal, iov, iovcnt);
+        memcpy(seal_p, &checksum, sizeof(checksum));
+    } else {
+        uct_usnic_seal_mac(seal, iov, iovcnt, seal_p);
+    }
 }
 
 void uct_usnic_seal_put(const uct_usnic_seal_t *seal, void *datagram,
@@ -316,9 +309,10 @@ void uct_usnic_seal_put(const uct_usnic_seal_t *seal, void *datagram,
 int uct_usnic_seal_check(const uct_usnic_seal_t *seal, const void *datagram,
                          size_t *length_p)
 {
-    uint8_t buf[UCT_USNIC_SEAL_MAX_LEN];
+    uint8_t mac[UCT_USNIC_SEAL_MAC_LEN];
     struct iovec iov;
     const void *seal_p;
+    uint32_t checksum;
 
     if (*length_p < seal->length) {
         return 0;
@@ -327,11 +321,16 @@ int uct_usnic_seal_check(const uct_usnic_seal_t *seal, const void *datagram,
     iov.iov_base = (void*)datagram;
     iov.iov_len  = *length_p - seal->length;
     seal_p       = UCS_PTR_BYTE_OFFSET(datagram, iov.iov_len);
-    uct_usnic_seal_compute(seal, &iov, 1, buf);
-    if ((seal->type == UCT_USNIC_SEAL_MAC) ?
-        !uct_usnic_seal_mac_equal(buf, seal_p) :
-        (memcmp(buf, seal_p, seal->length) != 0)) {
-        return 0;
+    if (seal->type == UCT_USNIC_SEAL_CHECKSUM) {
+        checksum = seal->checksum(seal, &iov, 1);
+        if (memcmp(&checksum, seal_p, sizeof(checksum)) != 0) {
+            return 0;
+        }
+    } else {
+        uct_usnic_seal_mac(seal, &iov, 1, mac);
+        if (!uct_usnic_seal_mac_equal(mac, seal_p)) {
+            return 0;
+        }
     }
 
     *length_p = iov.iov_len;
