@@ -470,7 +470,8 @@ static void uct_usnic_fuzz_fixup(uct_usnic_fuzz_iface_t *target,
 /*
  * Hand one datagram to a channel the way uct_usnic_channel_progress() does
  * after fi_cq_read(): in a receive descriptor of the channel's pool, to its
- * rx callback, the descriptor back to the pool unless the callback kept it.
+ * rx callback with the time it came, the descriptor back to the pool unless
+ * the callback kept it.
  * The unused rest of the descriptor is poisoned during the call: the pool's
  * buffers are contiguous, so ASan would not see an over-read otherwise.
  */
@@ -520,7 +521,8 @@ static void uct_usnic_fuzz_deliver(uct_usnic_fuzz_iface_t *target,
 
     ASAN_POISON_MEMORY_REGION(UCS_PTR_BYTE_OFFSET(data, length),
                               channel->max_msg_size - length);
-    status = channel->rx_cb(channel, desc, data, length);
+    channel->rx_time = ucs_get_time();
+    status           = channel->rx_cb(channel, desc, data, length);
     ASAN_UNPOISON_MEMORY_REGION(UCS_PTR_BYTE_OFFSET(data, length),
                                 channel->max_msg_size - length);
 

@@ -130,6 +130,10 @@ void uct_usnic_channel_rx_deliver(uct_usnic_channel_t *channel,
         return;
     }
 
+    if (channel->rx_time == 0) {
+        channel->rx_time = ucs_get_time();
+    }
+
     if (channel->rx_cb(channel, desc, data, length) == UCS_OK) {
         ucs_mpool_put_inline(desc);
     }

@@ -143,7 +143,8 @@ typedef struct uct_usnic_channel_posts {
 /**
  * Called for every datagram received on a channel. Returns UCS_OK when the
  * descriptor may be reused at once, UCS_INPROGRESS when the callee keeps it
- * and releases it later with uct_usnic_channel_rx_desc_put().
+ * and releases it later with uct_usnic_channel_rx_desc_put(). The time the
+ * datagram came is channel->rx_time.
  */
 typedef ucs_status_t (*uct_usnic_channel_rx_cb_t)(uct_usnic_channel_t *channel,
                                                   uct_usnic_rx_desc_t *desc,
@@ -206,6 +207,7 @@ struct uct_usnic_channel {
         struct iovec          *iovs;
         void                  *cmsgs;
         void                  *stage;       /* Send: runs to segment */
+        uct_usnic_rx_desc_t   *rx_desc;     /* recv() target, or NULL */
         uint64_t              sends;        /* Datagrams and runs handed
                                                to the kernel */
     } sock;
@@ -225,6 +227,10 @@ struct uct_usnic_channel {
     uint64_t                  rx_bad_seal;  /* Dropped: damaged or forged */
     uint64_t                  rx_oversized; /* Dropped: longer than any
                                                datagram of the protocol */
+    ucs_time_t                rx_time;      /* When the datagrams of this
+                                               poll came, 0 before the
+                                               first: one clock read for
+                                               a batch */
     unsigned                  rx_queue_len;
     unsigned                  rx_batch;
     unsigned                  rx_posted;
@@ -335,7 +341,10 @@ ucs_status_t uct_usnic_sock_open(uct_usnic_channel_t *channel,
 static UCS_F_ALWAYS_INLINE unsigned
 uct_usnic_channel_progress(uct_usnic_channel_t *channel, unsigned max_events)
 {
-    unsigned count = channel->ops->progress(channel, max_events);
+    unsigned count;
+
+    channel->rx_time = 0;
+    count            = channel->ops->progress(channel, max_events);
 
     if (ucs_unlikely(channel->fault != NULL)) {
         uct_usnic_fault_progress(channel);

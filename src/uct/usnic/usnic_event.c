@@ -99,7 +99,7 @@ ucs_status_t uct_usnic_iface_event_arm(uct_iface_h tl_iface, unsigned events)
     /* ACKs held back for more data would wait for the async timer while
      * the user sleeps, and with them the peer: send them now */
     if (!ucs_list_is_empty(&iface->ack_streams)) {
-        uct_usnic_rx_send_acks(iface, 1);
+        uct_usnic_rx_send_acks(iface, 1, ucs_get_time());
     }
 
     if (!ucs_list_is_empty(&iface->failed_eps)) {

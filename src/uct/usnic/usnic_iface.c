@@ -729,7 +729,7 @@ static unsigned uct_usnic_iface_progress(uct_iface_h tl_iface)
     }
 
     if (!ucs_list_is_empty(&iface->ack_streams)) {
-        uct_usnic_rx_send_acks(iface, 0);
+        uct_usnic_rx_send_acks(iface, 0, now);
     }
 
     if (uct_usnic_iface_holds_msgs(iface)) {
@@ -779,7 +779,7 @@ static void uct_usnic_iface_async_timer(int id, ucs_event_set_types_t events,
     }
 
     if (!ucs_list_is_empty(&iface->ack_streams)) {
-        uct_usnic_rx_send_acks(iface, 0);
+        uct_usnic_rx_send_acks(iface, 0, ucs_get_time());
     }
 
     /* A bundle does not wait for the user's next call */

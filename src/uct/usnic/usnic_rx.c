@@ -884,7 +884,7 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
         return UCS_OK;
     }
 
-    now    = ucs_get_time();
+    now    = channel->rx_time;
     stream = uct_usnic_rx_stream_get(iface, hdr, open, now);
     if (ucs_unlikely(stream == NULL)) {
         return UCS_OK;
@@ -901,7 +901,7 @@ ucs_status_t uct_usnic_rx_data(uct_usnic_channel_t *channel,
     /* Even a duplicate may carry news for the reverse direction */
     if (ack != NULL) {
         uct_usnic_tx_handle_ack(iface, ack, uct_usnic_rx_stream_peer(stream),
-                                0, 0);
+                                0, 0, now);
     }
 
     UCT_USNIC_IFACE_STAT_ADD(iface, RX_PACKETS, 1);
@@ -1047,9 +1047,9 @@ static void uct_usnic_rx_send_ack(uct_usnic_iface_t *iface,
     }
 }
 
-unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface, int all)
+unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface, int all,
+                                ucs_time_t now)
 {
-    ucs_time_t now         = ucs_get_time();
     ucs_list_link_t *link  = iface->ack_streams.next;
     unsigned count         = 0;
     uct_usnic_rx_stream_t *stream;
@@ -1108,7 +1108,7 @@ ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
         }
 
         uct_usnic_tx_handle_ack(iface, &rec->ack, body->src_incarnation,
-                                rec->sack, rec->flags);
+                                rec->sack, rec->flags, channel->rx_time);
     }
 
     return UCS_OK;

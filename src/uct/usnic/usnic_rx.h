@@ -78,8 +78,9 @@ ucs_status_t uct_usnic_rx_prio(uct_usnic_channel_t *channel,
                                uct_usnic_rx_desc_t *desc, void *data,
                                size_t length);
 
-/* Send the ACKs that are due, or all that are owed */
-unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface, int all);
+/* Send the ACKs that are due at now, or all that are owed */
+unsigned uct_usnic_rx_send_acks(uct_usnic_iface_t *iface, int all,
+                                ucs_time_t now);
 
 /* Fill in the ACK the stream owes; it then owes none */
 void uct_usnic_rx_ack_take(uct_usnic_rx_stream_t *stream,

@@ -427,17 +427,29 @@ static unsigned uct_usnic_sock_progress_batch(uct_usnic_channel_t *channel,
 }
 
 /* recv() costs a third less than recvmsg() or recvmmsg(), which a poll that
- * mostly finds nothing pays in full (the latency of a ping-pong) */
+ * mostly finds nothing pays in full (the latency of a ping-pong). The
+ * datagram lands in the descriptor the user gets: no copy, and the next
+ * descriptor is taken after the user answered, not before. */
 static unsigned uct_usnic_sock_progress_single(uct_usnic_channel_t *channel)
 {
-    struct mmsghdr *mmsg = &channel->sock.msgs[0];
+    uct_usnic_rx_desc_t *desc = channel->sock.rx_desc;
     ssize_t ret;
 
-    ret = recv(channel->sock.fd, channel->sock.iovs[0].iov_base,
-               channel->sock.slot_size, MSG_DONTWAIT | MSG_TRUNC);
-    if (ret < 0) {
-        uct_usnic_sock_rx_error(channel, "recv");
-        channel->sock.streak = 0;
+    if (desc == NULL) {
+        desc = ucs_mpool_get_inline(&channel->rx_mp);
+        if (ucs_unlikely(desc == NULL)) {
+            return 0; /* The socket keeps the datagrams meanwhile */
+        }
+        channel->sock.rx_desc = desc;
+    }
+
+    ret = recv(channel->sock.fd, uct_usnic_rx_desc_data(channel, desc),
+               channel->max_msg_size, MSG_DONTWAIT | MSG_TRUNC);
+    if (ret <= 0) {
+        if (ret < 0) {
+            uct_usnic_sock_rx_error(channel, "recv");
+            channel->sock.streak = 0;
+        }
         return 0;
     }
 
@@ -446,11 +458,15 @@ static unsigned uct_usnic_sock_progress_single(uct_usnic_channel_t *channel)
         uct_usnic_sock_set_single(channel, 0);
     }
 
-    mmsg->msg_len                = ret;
-    mmsg->msg_hdr.msg_controllen = 0;
-    mmsg->msg_hdr.msg_flags      = ((size_t)ret > channel->sock.slot_size) ?
-                                   MSG_TRUNC : 0;
-    return uct_usnic_sock_rx_slot(channel, 0);
+    if (ucs_unlikely((size_t)ret > channel->max_msg_size)) {
+        ucs_debug("%s: dropped an oversized datagram", channel->name);
+        ++channel->rx_oversized;
+        return 0;
+    }
+
+    channel->sock.rx_desc = NULL;
+    uct_usnic_channel_rx_deliver(channel, desc, ret);
+    return 1;
 }
 
 static unsigned uct_usnic_sock_progress(uct_usnic_channel_t *channel,
@@ -484,6 +500,9 @@ static void uct_usnic_sock_free_slots(uct_usnic_channel_t *channel)
 
 static void uct_usnic_sock_cleanup(uct_usnic_channel_t *channel)
 {
+    if (channel->sock.rx_desc != NULL) {
+        ucs_mpool_put_inline(channel->sock.rx_desc);
+    }
     uct_usnic_sock_free_slots(channel);
     close(channel->sock.fd);
 }
@@ -632,6 +651,7 @@ ucs_status_t uct_usnic_sock_open(uct_usnic_channel_t *channel,
     channel->sock.gro_on       = channel->sock.gro;
     channel->sock.single       = 0;
     channel->sock.streak       = 0;
+    channel->sock.rx_desc      = NULL;
     if (channel->sock.gro) {
         channel->sock.num_slots = UCT_USNIC_SOCK_GRO_SLOTS;
         channel->sock.slot_size = UCT_USNIC_SOCK_GRO_SLOT_SIZE;

@@ -549,10 +549,9 @@ static void uct_usnic_tx_handle_sack(uct_usnic_iface_t *iface,
 void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
                              const uct_usnic_ack_ext_t *ack,
                              uint32_t src_incarnation, uint64_t sack,
-                             uint8_t flags)
+                             uint8_t flags, ucs_time_t now)
 {
     uct_usnic_psn_t ack_psn = ack->psn;
-    ucs_time_t now          = ucs_get_time();
     ucs_time_t sent_time    = 0;
     ucs_time_t delivered    = 0;
     int clean_sample        = 1;

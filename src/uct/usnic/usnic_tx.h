@@ -46,10 +46,11 @@ uct_usnic_tx_post(uct_usnic_ep_t *ep, uct_usnic_tx_desc_t *desc, uint8_t type,
     uct_usnic_tx_send_queued(ep, desc);
 }
 
+/* An ACK from the peer iface src_incarnation, received at now */
 void uct_usnic_tx_handle_ack(uct_usnic_iface_t *iface,
                              const uct_usnic_ack_ext_t *ack,
                              uint32_t src_incarnation, uint64_t sack,
-                             uint8_t flags);
+                             uint8_t flags, ucs_time_t now);
 
 /* An ep's timer fired: the sweep's caller runs it */
 void uct_usnic_tx_timer_fired(ucs_wtimer_t *timer);

@@ -575,6 +575,40 @@ UCS_TEST_SKIP_COND_P(test_usnic_am, receive_mode_follows_traffic,
     EXPECT_EQ(0u, USNIC_DROPS(receiver_iface(), INVALID));
 }
 
+/* A channel that reads one datagram per recv() does so straight into the
+ * descriptor the user gets: a datagram longer than any of the protocol
+ * (here, unsealed and one byte too long) is dropped as oversized, and the
+ * descriptor serves the next one */
+UCS_TEST_SKIP_COND_P(test_usnic_am, single_recv_drops_oversized,
+                     !on_kernel_provider()) {
+    entity *sender                  = add_sender();
+    uct_usnic_iface_t *iface        = usnic_iface(m_receiver);
+    const uct_usnic_channel_t *data =
+            &iface->channels[UCT_USNIC_CHANNEL_DATA];
+    std::vector<uint8_t> oversized(data->max_msg_size + 1, 0x5a);
+
+    for (int i = 0; (i < 1000) && !data->sock.single; ++i) {
+        send(sender, 0, sizeof(message), SEND_SHORT);
+        progress_until([this]() { return m_received >= m_sent; });
+    }
+    ASSERT_TRUE(data->sock.single);
+
+    for (uint64_t dropped = 1; dropped <= 3; ++dropped) {
+        usnic_test::send_datagram(iface, UCT_USNIC_CHANNEL_DATA,
+                                  oversized.data(), oversized.size(), false);
+        progress_until([&]() { return data->rx_oversized >= dropped; });
+        EXPECT_EQ(dropped, data->rx_oversized);
+
+        send(sender, 0, sizeof(message), SEND_SHORT);
+        progress_until([this]() { return m_received >= m_sent; });
+        ASSERT_EQ(m_sent, m_received);
+    }
+
+    wait_all_received();
+    EXPECT_EQ(0u, data->rx_bad_seal);
+    EXPECT_EQ(0u, USNIC_DROPS(iface, INVALID));
+}
+
 UCS_TEST_P(test_usnic_am, stream_bcopy_random_sizes) {
     entity *sender = add_sender();
     size_t count   = 20000 / ucs::test_time_multiplier();

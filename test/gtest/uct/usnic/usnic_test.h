@@ -145,7 +145,8 @@ static inline void ack_ep(uct_usnic_ep_t *ep, uct_usnic_psn_t psn,
     ack.psn       = psn;
     ack.token     = ep->token;
     uct_usnic_iface_enter(iface);
-    uct_usnic_tx_handle_ack(iface, &ack, ep->peer_incarnation, sack, 0);
+    uct_usnic_tx_handle_ack(iface, &ack, ep->peer_incarnation, sack, 0,
+                            ucs_get_time());
     uct_usnic_iface_leave(iface);
 }
 
