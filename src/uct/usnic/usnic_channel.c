@@ -817,7 +817,8 @@ void uct_usnic_channel_cleanup(uct_usnic_channel_t *channel)
     ucs_free(channel->gather_buf);
 }
 
-ucs_status_t uct_usnic_av_open(uct_usnic_av_t *av, uct_usnic_md_t *md)
+ucs_status_t uct_usnic_av_open(uct_usnic_av_t *av, uct_usnic_md_t *md,
+                               unsigned max_connected, int sndbuf)
 {
     /* Synchronous inserts (no FI_EVENT): an unreachable peer fails its
      * fi_av_insert, and so the ep create, at once */
@@ -827,14 +828,20 @@ ucs_status_t uct_usnic_av_open(uct_usnic_av_t *av, uct_usnic_md_t *md)
     };
     int ret;
 
-    av->fid      = NULL;
-    av->addrs    = NULL;
-    av->free     = NULL;
-    av->num_free = 0;
-    av->count    = 0;
-    av->capacity = 0;
+    av->fid           = NULL;
+    av->addrs         = NULL;
+    av->fds           = NULL;
+    av->free          = NULL;
+    av->num_free      = 0;
+    av->count         = 0;
+    av->capacity      = 0;
+    av->sndbuf        = sndbuf;
+    av->max_connected = max_connected;
+    av->num_connected = 0;
     kh_init_inplace(uct_usnic_av_map, &av->map);
     if (md->kernel) {
+        av->src          = *(const struct sockaddr_in*)md->info->src_addr;
+        av->src.sin_port = 0;
         return UCS_OK;
     }
 
@@ -850,12 +857,26 @@ ucs_status_t uct_usnic_av_open(uct_usnic_av_t *av, uct_usnic_md_t *md)
     return UCS_OK;
 }
 
+static void uct_usnic_av_disconnect(uct_usnic_av_t *av, fi_addr_t fi_addr)
+{
+    if (av->fds[fi_addr] >= 0) {
+        close(av->fds[fi_addr]);
+        av->fds[fi_addr] = -1;
+        --av->num_connected;
+    }
+}
+
 void uct_usnic_av_close(uct_usnic_av_t *av)
 {
+    fi_addr_t fi_addr;
     int ret;
 
+    for (fi_addr = 0; fi_addr < av->count; ++fi_addr) {
+        uct_usnic_av_disconnect(av, fi_addr);
+    }
     kh_destroy_inplace(uct_usnic_av_map, &av->map);
     ucs_free(av->addrs);
+    ucs_free(av->fds);
     ucs_free(av->free);
     if (av->fid == NULL) {
         return;
@@ -873,6 +894,18 @@ uct_usnic_av_key(const struct sockaddr_in *addr)
     return ((uint64_t)addr->sin_addr.s_addr << 16) | addr->sin_port;
 }
 
+/* A connected socket for the entry, while there are fewer than the most */
+static void uct_usnic_av_connect(uct_usnic_av_t *av, fi_addr_t fi_addr)
+{
+    av->fds[fi_addr] = -1;
+    if (av->num_connected < av->max_connected) {
+        av->fds[fi_addr] = uct_usnic_sock_connect(&av->src,
+                                                  &av->addrs[fi_addr],
+                                                  av->sndbuf);
+        av->num_connected += (av->fds[fi_addr] >= 0);
+    }
+}
+
 /* The kernel provider's table: a free entry, or a new one */
 static ucs_status_t uct_usnic_av_sock_insert(uct_usnic_av_t *av,
                                              const struct sockaddr_in *addr,
@@ -881,10 +914,12 @@ static ucs_status_t uct_usnic_av_sock_insert(uct_usnic_av_t *av,
     struct sockaddr_in *addrs;
     fi_addr_t *free_list;
     size_t capacity;
+    int *fds;
 
     if (av->num_free > 0) {
         *fi_addr_p            = av->free[--av->num_free];
         av->addrs[*fi_addr_p] = *addr;
+        uct_usnic_av_connect(av, *fi_addr_p);
         return UCS_OK;
     }
 
@@ -897,6 +932,12 @@ static ucs_status_t uct_usnic_av_sock_insert(uct_usnic_av_t *av,
         }
         av->addrs = addrs;
 
+        fds = ucs_realloc(av->fds, capacity * sizeof(*fds), "usnic_av_fds");
+        if (fds == NULL) {
+            goto err_no_memory;
+        }
+        av->fds = fds;
+
         free_list = ucs_realloc(av->free, capacity * sizeof(*free_list),
                                 "usnic_av_free");
         if (free_list == NULL) {
@@ -908,6 +949,7 @@ static ucs_status_t uct_usnic_av_sock_insert(uct_usnic_av_t *av,
 
     av->addrs[av->count] = *addr;
     *fi_addr_p           = av->count++;
+    uct_usnic_av_connect(av, *fi_addr_p);
     return UCS_OK;
 
 err_no_memory:
@@ -977,6 +1019,7 @@ void uct_usnic_av_remove(uct_usnic_av_t *av, const struct sockaddr_in *addr)
     }
 
     if (av->fid == NULL) {
+        uct_usnic_av_disconnect(av, entry->fi_addr);
         av->free[av->num_free++] = entry->fi_addr;
     } else {
         ret = fi_av_remove(av->fid, &entry->fi_addr, 1, 0);

@@ -60,14 +60,23 @@ KHASH_INIT(uct_usnic_av_map, uint64_t, uct_usnic_av_entry_t, 1,
  * into the table of socket addresses. An address is inserted once however
  * many eps and streams use it, and removed with the last of them, so that
  * streams opened and reclaimed without end leave no trace.
+ *
+ * The kernel provider gives the first max_connected addresses a send
+ * socket of their own, connected to the address: the kernel keeps its
+ * route, where a datagram sent to an address looks the route up.
  */
 typedef struct uct_usnic_av {
     struct fid_av             *fid;      /* NULL on the kernel provider */
     struct sockaddr_in        *addrs;    /* Kernel provider's table */
+    int                       *fds;      /* Its connected sockets, -1: none */
     fi_addr_t                 *free;     /* Its entries free for reuse */
     size_t                    num_free;
     size_t                    count;
     size_t                    capacity;
+    struct sockaddr_in        src;       /* Where connected sockets bind */
+    int                       sndbuf;    /* Their send buffer size */
+    unsigned                  max_connected;
+    unsigned                  num_connected;
     khash_t(uct_usnic_av_map) map;
 } uct_usnic_av_t;
 
@@ -249,7 +258,9 @@ struct uct_usnic_channel {
 };
 
 
-ucs_status_t uct_usnic_av_open(uct_usnic_av_t *av, uct_usnic_md_t *md);
+/* max_connected and sndbuf: the kernel provider's connected sockets */
+ucs_status_t uct_usnic_av_open(uct_usnic_av_t *av, uct_usnic_md_t *md,
+                               unsigned max_connected, int sndbuf);
 
 
 void uct_usnic_av_close(uct_usnic_av_t *av);
@@ -336,6 +347,15 @@ extern const uct_usnic_channel_ops_t uct_usnic_sock_ops;
 ucs_status_t uct_usnic_sock_open(uct_usnic_channel_t *channel,
                                  const struct fi_info *info,
                                  const uct_usnic_channel_params_t *params);
+
+
+/* Socket buffer bytes for queue_len datagrams of up to max_msg_size */
+int uct_usnic_sock_buf_size(unsigned queue_len, size_t max_msg_size);
+
+
+/* A send socket bound to src's address and connected to dst, or -1 */
+int uct_usnic_sock_connect(const struct sockaddr_in *src,
+                           const struct sockaddr_in *dst, int sndbuf);
 
 
 static UCS_F_ALWAYS_INLINE unsigned

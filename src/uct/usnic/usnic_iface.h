@@ -192,6 +192,7 @@ typedef struct uct_usnic_iface_config {
     unsigned                 stream_max_ooo;
     unsigned                 max_reassembly;
     ucs_range_spec_t         port_range;
+    unsigned                 connected_peers;
     int                      checksum;
     size_t                   force_msg_prefix;
     char                     *auth_key;

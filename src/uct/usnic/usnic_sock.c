@@ -83,20 +83,50 @@
 
 static ssize_t uct_usnic_sock_errno(void)
 {
-    /* A full socket buffer is a full send queue: try again later */
+    /* A full socket buffer is a full send queue: try again later. So is a
+     * connected socket's report that an earlier datagram found no socket
+     * (the datagram at hand was not sent): the peer may be restarting, and
+     * if it is gone its timeout says so. */
     return ((errno == EAGAIN) || (errno == EWOULDBLOCK) ||
-            (errno == ENOBUFS) || (errno == EINTR)) ? -FI_EAGAIN : -errno;
+            (errno == ENOBUFS) || (errno == EINTR) ||
+            (errno == ECONNREFUSED)) ? -FI_EAGAIN : -errno;
+}
+
+/* Where datagrams to dest leave: the socket connected to it, or the
+ * channel's, naming the address */
+static UCS_F_ALWAYS_INLINE int
+uct_usnic_sock_dest(const uct_usnic_channel_t *channel, fi_addr_t dest,
+                    const struct sockaddr_in **name_p)
+{
+    int fd = channel->av->fds[dest];
+
+    ucs_assert(dest < channel->av->count);
+    if (fd >= 0) {
+        *name_p = NULL;
+        return fd;
+    }
+
+    *name_p = &channel->av->addrs[dest];
+    return channel->sock.fd;
+}
+
+static UCS_F_ALWAYS_INLINE socklen_t
+uct_usnic_sock_namelen(const struct sockaddr_in *name)
+{
+    return (name == NULL) ? 0 : sizeof(*name);
 }
 
 static ssize_t uct_usnic_sock_send(uct_usnic_channel_t *channel,
                                    const void *buffer, size_t length,
                                    fi_addr_t dest)
 {
-    const struct sockaddr_in *addr = &channel->av->addrs[dest];
+    const struct sockaddr_in *name;
+    int fd;
 
-    ucs_assert(dest < channel->av->count);
-    if (ucs_likely(sendto(channel->sock.fd, buffer, length, MSG_DONTWAIT,
-                          (const struct sockaddr*)addr, sizeof(*addr)) >= 0)) {
+    fd = uct_usnic_sock_dest(channel, dest, &name);
+    if (ucs_likely(sendto(fd, buffer, length, MSG_DONTWAIT,
+                          (const struct sockaddr*)name,
+                          uct_usnic_sock_namelen(name)) >= 0)) {
         ++channel->sock.sends;
         return 0;
     }
@@ -158,8 +188,8 @@ static size_t uct_usnic_sock_stage(uct_usnic_channel_t *channel,
  * that the kernel cuts every segment size bytes */
 static unsigned uct_usnic_sock_send_gso(uct_usnic_channel_t *channel,
                                         const uct_usnic_dgram_t *dgrams,
-                                        unsigned count,
-                                        const struct sockaddr_in *addr)
+                                        unsigned count, int fd,
+                                        const struct sockaddr_in *name)
 {
     char control[UCT_USNIC_SOCK_GSO_MAX_RUNS][CMSG_SPACE(sizeof(uint16_t))];
     struct iovec iov[UCT_USNIC_SOCK_GSO_MAX_RUNS];
@@ -183,8 +213,8 @@ static unsigned uct_usnic_sock_send_gso(uct_usnic_channel_t *channel,
         stage            = UCS_PTR_BYTE_OFFSET(stage, iov[n].iov_len);
         msg              = &msgs[n].msg_hdr;
         memset(msg, 0, sizeof(*msg));
-        msg->msg_name    = (void*)addr;
-        msg->msg_namelen = sizeof(*addr);
+        msg->msg_name    = (void*)name;
+        msg->msg_namelen = uct_usnic_sock_namelen(name);
         msg->msg_iov     = &iov[n];
         msg->msg_iovlen  = 1;
 
@@ -202,7 +232,7 @@ static unsigned uct_usnic_sock_send_gso(uct_usnic_channel_t *channel,
         d += runs[n];
     }
 
-    ret = sendmmsg(channel->sock.fd, msgs, n, MSG_DONTWAIT);
+    ret = sendmmsg(fd, msgs, n, MSG_DONTWAIT);
     if (ret < 0) {
         if ((uct_usnic_sock_errno() != -FI_EAGAIN) && (runs[0] > 1)) {
             /* No offload on this path: one datagram per message instead */
@@ -223,8 +253,8 @@ static unsigned uct_usnic_sock_send_gso(uct_usnic_channel_t *channel,
 
 static unsigned uct_usnic_sock_send_mmsg(uct_usnic_channel_t *channel,
                                          const uct_usnic_dgram_t *dgrams,
-                                         unsigned count,
-                                         const struct sockaddr_in *addr)
+                                         unsigned count, int fd,
+                                         const struct sockaddr_in *name)
 {
     struct mmsghdr msgs[UCT_USNIC_CHANNEL_MAX_BURST];
     struct iovec iov[UCT_USNIC_CHANNEL_MAX_BURST];
@@ -241,13 +271,13 @@ static unsigned uct_usnic_sock_send_mmsg(uct_usnic_channel_t *channel,
                                                            stage);
         stage                       = UCS_PTR_BYTE_OFFSET(stage,
                                                           iov[i].iov_len);
-        msgs[i].msg_hdr.msg_name    = (void*)addr;
-        msgs[i].msg_hdr.msg_namelen = sizeof(*addr);
+        msgs[i].msg_hdr.msg_name    = (void*)name;
+        msgs[i].msg_hdr.msg_namelen = uct_usnic_sock_namelen(name);
         msgs[i].msg_hdr.msg_iov     = &iov[i];
         msgs[i].msg_hdr.msg_iovlen  = 1;
     }
 
-    ret = sendmmsg(channel->sock.fd, msgs, count, MSG_DONTWAIT);
+    ret = sendmmsg(fd, msgs, count, MSG_DONTWAIT);
     if (ret <= 0) {
         return 0;
     }
@@ -260,21 +290,22 @@ static unsigned uct_usnic_sock_send_burst(uct_usnic_channel_t *channel,
                                           uct_usnic_dgram_t *dgrams,
                                           unsigned count, fi_addr_t dest)
 {
-    const struct sockaddr_in *addr = &channel->av->addrs[dest];
-    unsigned sent                  = 0;
+    unsigned sent = 0;
+    const struct sockaddr_in *name;
     unsigned ret;
+    int fd;
 
-    ucs_assert(dest < channel->av->count);
+    fd = uct_usnic_sock_dest(channel, dest, &name);
     while (sent < count) {
         if (channel->sock.gso) {
             ret = uct_usnic_sock_send_gso(channel, &dgrams[sent],
-                                          count - sent, addr);
+                                          count - sent, fd, name);
             if ((ret == 0) && !channel->sock.gso) {
                 continue; /* Again without offload */
             }
         } else {
             ret = uct_usnic_sock_send_mmsg(channel, &dgrams[sent],
-                                           count - sent, addr);
+                                           count - sent, fd, name);
         }
 
         sent += ret;
@@ -561,16 +592,45 @@ static ucs_status_t uct_usnic_sock_alloc_slots(uct_usnic_channel_t *channel)
 }
 
 /* Size a socket buffer; as root beyond the system's limit */
-static void uct_usnic_sock_set_buf(uct_usnic_channel_t *channel, int opt,
+static void uct_usnic_sock_set_buf(int fd, const char *name, int opt,
                                    int force_opt, int size)
 {
-    if ((setsockopt(channel->sock.fd, SOL_SOCKET, force_opt, &size,
-                     sizeof(size)) != 0) &&
-        (setsockopt(channel->sock.fd, SOL_SOCKET, opt, &size,
-                    sizeof(size)) != 0)) {
-        ucs_debug("%s: cannot set socket buffer option %d to %d: %m",
-                  channel->name, opt, size);
+    if ((setsockopt(fd, SOL_SOCKET, force_opt, &size, sizeof(size)) != 0) &&
+        (setsockopt(fd, SOL_SOCKET, opt, &size, sizeof(size)) != 0)) {
+        ucs_debug("%s: cannot set socket buffer option %d to %d: %m", name,
+                  opt, size);
     }
+}
+
+int uct_usnic_sock_buf_size(unsigned queue_len, size_t max_msg_size)
+{
+    return ucs_min(queue_len * (max_msg_size + UCT_USNIC_SOCK_SKB_OVERHEAD),
+                   INT_MAX / 2);
+}
+
+int uct_usnic_sock_connect(const struct sockaddr_in *src,
+                           const struct sockaddr_in *dst, int sndbuf)
+{
+    char str[UCS_SOCKADDR_STRING_LEN];
+    int fd;
+
+    ucs_sockaddr_str((const struct sockaddr*)dst, str, sizeof(str));
+    fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        ucs_debug("usnic: no socket connected to %s: socket() failed: %m",
+                  str);
+        return -1;
+    }
+
+    if ((bind(fd, (const struct sockaddr*)src, sizeof(*src)) != 0) ||
+        (connect(fd, (const struct sockaddr*)dst, sizeof(*dst)) != 0)) {
+        ucs_debug("usnic: no socket connected to %s: %m", str);
+        close(fd);
+        return -1;
+    }
+
+    uct_usnic_sock_set_buf(fd, str, SO_SNDBUF, SO_SNDBUFFORCE, sndbuf);
+    return fd;
 }
 
 /* Bind to the first free port of the range, or to any with 0-0 */
@@ -609,7 +669,6 @@ ucs_status_t uct_usnic_sock_open(uct_usnic_channel_t *channel,
                                  const struct fi_info *info,
                                  const uct_usnic_channel_params_t *params)
 {
-    size_t dgram_cost = channel->max_msg_size + UCT_USNIC_SOCK_SKB_OVERHEAD;
     socklen_t addrlen = sizeof(channel->addr);
     int one           = 1;
     ucs_status_t status;
@@ -635,12 +694,14 @@ ucs_status_t uct_usnic_sock_open(uct_usnic_channel_t *channel,
         goto err_close;
     }
 
-    uct_usnic_sock_set_buf(channel, SO_RCVBUF, SO_RCVBUFFORCE,
-                           ucs_min(params->rx_queue_len * dgram_cost,
-                                   INT_MAX / 2));
-    uct_usnic_sock_set_buf(channel, SO_SNDBUF, SO_SNDBUFFORCE,
-                           ucs_min(params->tx_queue_len * dgram_cost,
-                                   INT_MAX / 2));
+    uct_usnic_sock_set_buf(channel->sock.fd, channel->name, SO_RCVBUF,
+                           SO_RCVBUFFORCE,
+                           uct_usnic_sock_buf_size(params->rx_queue_len,
+                                                   channel->max_msg_size));
+    uct_usnic_sock_set_buf(channel->sock.fd, channel->name, SO_SNDBUF,
+                           SO_SNDBUFFORCE,
+                           uct_usnic_sock_buf_size(params->tx_queue_len,
+                                                   channel->max_msg_size));
 
     channel->sock.gso          = 1; /* Until a send says otherwise */
     channel->sock.sends        = 0;

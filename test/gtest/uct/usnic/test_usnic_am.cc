@@ -609,6 +609,104 @@ UCS_TEST_SKIP_COND_P(test_usnic_am, single_recv_drops_oversized,
     EXPECT_EQ(0u, USNIC_DROPS(iface, INVALID));
 }
 
+/* Over the kernel provider, datagrams to a peer address leave from a socket
+ * of their own connected to it. With a socket connected to a closed port in
+ * its place (the kernel soon refuses its sends), messages do not arrive;
+ * with the right one back, their resends deliver each once and in order */
+UCS_TEST_SKIP_COND_P(test_usnic_am, sends_from_connected_sockets,
+                     !on_kernel_provider()) {
+    entity *sender                  = add_sender();
+    uct_usnic_iface_t *iface        = usnic_iface(sender);
+    const uct_usnic_ep_t *ep        = ucs_derived_of(sender->ep(0),
+                                                     uct_usnic_ep_t);
+    const uct_usnic_channel_t *data =
+            &receiver_iface()->channels[UCT_USNIC_CHANNEL_DATA];
+    struct sockaddr_in addr, closed;
+    socklen_t addrlen;
+
+    send(sender, 0, sizeof(message), SEND_SHORT);
+    wait_all_received();
+
+    int fd  = iface->av.fds[ep->peer_fi_addr];
+    addrlen = sizeof(addr);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(0, getpeername(fd, (struct sockaddr*)&addr, &addrlen));
+    EXPECT_EQ(data->addr.sin_addr.s_addr, addr.sin_addr.s_addr);
+    EXPECT_EQ(data->addr.sin_port, addr.sin_port);
+
+    /* A port that was free a moment ago */
+    int probe       = socket(AF_INET, SOCK_DGRAM, 0);
+    closed          = data->addr;
+    closed.sin_port = 0;
+    addrlen         = sizeof(closed);
+    ASSERT_EQ(0, bind(probe, (struct sockaddr*)&closed, sizeof(closed)));
+    ASSERT_EQ(0, getsockname(probe, (struct sockaddr*)&closed, &addrlen));
+    close(probe);
+
+    int stray = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+    ASSERT_EQ(0, connect(stray, (struct sockaddr*)&closed, sizeof(closed)));
+    int saved = dup(fd);
+    ASSERT_EQ(fd, dup2(stray, fd));
+    close(stray);
+
+    for (int i = 0; i < 10; ++i) {
+        send(sender, 0, sizeof(message), SEND_SHORT);
+    }
+    progress_until([]() { return false; }, 0.2);
+    EXPECT_EQ(1u, m_received);
+
+    ASSERT_EQ(fd, dup2(saved, fd));
+    close(saved);
+    wait_all_received();
+    EXPECT_GT(USNIC_COUNTER(iface, TX_RESENDS), 0u);
+}
+
+/* An iface connects sockets to at most CONNECTED_PEERS peer addresses: the
+ * receiver here (2) sends ACKs to 4 senders, 2 of them from its data
+ * channel's socket; a sender with a PORT_RANGE connects none */
+class test_usnic_am_connected_peers : public test_usnic_am {
+protected:
+    void init()
+    {
+        set_usnic_config("CONNECTED_PEERS", "2");
+        test_usnic_am::init();
+    }
+};
+
+UCS_TEST_SKIP_COND_P(test_usnic_am_connected_peers, bounded,
+                     !on_kernel_provider()) {
+    const uct_usnic_av_t *av = &receiver_iface()->av;
+    std::vector<entity*> senders;
+    unsigned connected = 0;
+
+    for (uint32_t i = 0; i < 4; ++i) {
+        senders.push_back(add_sender());
+    }
+    for (int round = 0; round < 100; ++round) {
+        for (uint32_t i = 0; i < senders.size(); ++i) {
+            send(senders[i], i, sizeof(message), SEND_SHORT);
+        }
+    }
+    wait_all_received();
+
+    for (size_t i = 0; i < av->count; ++i) {
+        connected += (av->fds[i] >= 0);
+    }
+    EXPECT_GE(av->count, senders.size());
+    EXPECT_EQ(2u, av->num_connected);
+    EXPECT_EQ(2u, connected);
+
+    set_usnic_config("PORT_RANGE", "47000-47099");
+    entity *fixed = add_sender();
+    for (int i = 0; i < 100; ++i) {
+        send(fixed, 4, sizeof(message), SEND_SHORT);
+    }
+    wait_all_received();
+    EXPECT_EQ(0u, usnic_iface(fixed)->av.num_connected);
+}
+
+_UCT_INSTANTIATE_TEST_CASE(test_usnic_am_connected_peers, usnic)
+
 UCS_TEST_P(test_usnic_am, stream_bcopy_random_sizes) {
     entity *sender = add_sender();
     size_t count   = 20000 / ucs::test_time_multiplier();
