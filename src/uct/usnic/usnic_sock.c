@@ -98,12 +98,10 @@ static UCS_F_ALWAYS_INLINE int
 uct_usnic_sock_dest(const uct_usnic_channel_t *channel, fi_addr_t dest,
                     const struct sockaddr_in **name_p)
 {
-    int fd = channel->av->fds[dest];
-
     ucs_assert(dest < channel->av->count);
-    if (fd >= 0) {
+    if (channel->av->fds[dest] >= 0) {
         *name_p = NULL;
-        return fd;
+        return channel->av->fds[dest];
     }
 
     *name_p = &channel->av->addrs[dest];
@@ -616,21 +614,18 @@ int uct_usnic_sock_connect(const struct sockaddr_in *src,
 
     ucs_sockaddr_str((const struct sockaddr*)dst, str, sizeof(str));
     fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        ucs_debug("usnic: no socket connected to %s: socket() failed: %m",
-                  str);
-        return -1;
+    if ((fd >= 0) &&
+        (bind(fd, (const struct sockaddr*)src, sizeof(*src)) == 0) &&
+        (connect(fd, (const struct sockaddr*)dst, sizeof(*dst)) == 0)) {
+        uct_usnic_sock_set_buf(fd, str, SO_SNDBUF, SO_SNDBUFFORCE, sndbuf);
+        return fd;
     }
 
-    if ((bind(fd, (const struct sockaddr*)src, sizeof(*src)) != 0) ||
-        (connect(fd, (const struct sockaddr*)dst, sizeof(*dst)) != 0)) {
-        ucs_debug("usnic: no socket connected to %s: %m", str);
+    ucs_debug("usnic: no socket connected to %s: %m", str);
+    if (fd >= 0) {
         close(fd);
-        return -1;
     }
-
-    uct_usnic_sock_set_buf(fd, str, SO_SNDBUF, SO_SNDBUFFORCE, sndbuf);
-    return fd;
+    return -1;
 }
 
 /* Bind to the first free port of the range, or to any with 0-0 */
