@@ -893,13 +893,19 @@ uct_usnic_iface_sockaddr(uint32_t in_addr, uint16_t port)
     return addr;
 }
 
+/* The async thread sends ACKs from the table: it is changed only with the
+ * iface entered, as a new entry may move it */
 ucs_status_t uct_usnic_iface_av_insert(uct_usnic_iface_t *iface,
                                        uint32_t in_addr, uint16_t port,
                                        fi_addr_t *fi_addr_p)
 {
     struct sockaddr_in addr = uct_usnic_iface_sockaddr(in_addr, port);
+    ucs_status_t status;
 
-    return uct_usnic_av_insert(&iface->av, &addr, fi_addr_p);
+    uct_usnic_iface_enter(iface);
+    status = uct_usnic_av_insert(&iface->av, &addr, fi_addr_p);
+    uct_usnic_iface_leave(iface);
+    return status;
 }
 
 void uct_usnic_iface_av_remove(uct_usnic_iface_t *iface, uint32_t in_addr,
@@ -907,7 +913,9 @@ void uct_usnic_iface_av_remove(uct_usnic_iface_t *iface, uint32_t in_addr,
 {
     struct sockaddr_in addr = uct_usnic_iface_sockaddr(in_addr, port);
 
+    uct_usnic_iface_enter(iface);
     uct_usnic_av_remove(&iface->av, &addr);
+    uct_usnic_iface_leave(iface);
 }
 
 static ucs_status_t uct_usnic_iface_flush(uct_iface_h tl_iface, unsigned flags,
